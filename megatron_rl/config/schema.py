@@ -1,0 +1,248 @@
+"""Typed schemas for every Hydra config group.
+
+Each group under `conf/` (model, layout, algorithm, rollout, reward, data, optim, checkpoint,
+logger, cluster, plan) is backed by one dataclass here. Hydra merges YAML into these structured
+configs, so an unknown key or a wrong type fails at load time with the key's full path, long
+before any process allocates model memory. Cross-field checks (divisibility, world size, memory
+fit) live in `validate.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of a decoder-only transformer (Llama-3, Qwen2/2.5, Qwen3 families)."""
+
+    name: str = MISSING
+    family: str = "llama"  # llama | qwen2 | qwen3: selects HF naming and QKV bias / QK norm
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    ffn_hidden_size: int = MISSING
+    num_attention_heads: int = MISSING
+    num_query_groups: int = MISSING  # KV heads
+    head_dim: int | None = None  # defaults to hidden_size // num_attention_heads
+    vocab_size: int = MISSING
+    # Megatron pads the vocabulary so every TP rank holds an equal slice that is a multiple of this.
+    make_vocab_size_divisible_by: int = 128
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    tie_word_embeddings: bool = False
+    params_dtype: str = "bf16"  # bf16 | fp32 | fp16
+    # Path to an HF safetensors directory to import at start; None = random init (tiny recipes).
+    hf_checkpoint: str | None = None
+
+
+@dataclass
+class LayoutConfig:
+    """Trainer parallelism and the colocated or separated rollout engines."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    # Explicit uneven PP split: layers per stage, e.g. [15, 17, 16, 16]; empty = even split.
+    pp_layers: list[int] = field(default_factory=list)
+    sequence_parallel: bool = False
+    recompute: str = "none"  # none | selective | full
+    engine_tp: int = 1
+    engine_count: int = 1
+    placement: str = "colocated"  # colocated | separated
+    # Separated only: number of GPUs given to the engines (the trainer gets the rest).
+    engine_gpus: int = 0
+    synchrony: str = "sync"  # sync | one_step_async
+
+
+@dataclass
+class AlgorithmConfig:
+    """GRPO and its relatives: advantages, clipped surrogate, KL, loss aggregation."""
+
+    name: str = "grpo"
+    advantage_std_norm: bool = True  # False = Dr.GRPO
+    clip_low: float = 0.2
+    clip_high: float = 0.2  # > clip_low = DAPO clip-higher
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"  # k1 | k2 | k3
+    kl_in_reward: bool = False  # True: KL as a reward penalty; False: as a loss term
+    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+    minibatches: int = 1
+    dynamic_sampling: bool = False
+    max_resample_rounds: int = 3
+    overlong: str = "none"  # none | mask | penalty
+    overlong_penalty_tokens: int = 0
+    truncated_is_cap: float = 0.0  # 0 = off; else cap on the rollout/old-policy ratio
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling and engine settings."""
+
+    engine: str = "vllm"
+    samples_per_prompt: int = 8
+    max_new_tokens: int = 512
+    # Expected mean completion length (planner only; the engine stops at max_new_tokens).
+    mean_completion_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_token_ids: list[int] = field(default_factory=list)
+    logprobs_mode: str = "processed_logprobs"  # processed_logprobs | raw_logprobs
+    gpu_memory_utilization: float = 0.5
+    kv_cache_bytes: int = 0  # CPU build: KV cache size in bytes (0 = engine default)
+    sleep_level: int = 1
+    enforce_eager: bool = True
+    seed: int = 0
+    logprob_check_threshold: float = 0.5
+
+
+@dataclass
+class RewardConfig:
+    """How completions are scored."""
+
+    kind: str = "sandbox"  # sandbox | function
+    function: str = ""  # module:function for kind=function
+    mode: str = "all_or_nothing"  # all_or_nothing | fraction
+    unsafe_local: bool = False  # run untrusted code without bubblewrap (loudly warned)
+    workers: int = 2
+    timeout_s: float = 10.0
+    memory_mb: int = 512
+    # Pool sizing for the planner: cores in the scoring pool and seconds per sample.
+    pool_cores: int = 2
+    seconds_per_sample: float = 0.5
+
+
+@dataclass
+class DataConfig:
+    """Prompts and their tests."""
+
+    source: str = "bundled"  # bundled | synthetic | a path to .jsonl/.parquet
+    prompts_per_step: int = 8
+    prompt_tokens: int = 64  # expected prompt length (planner)
+    max_prompt_tokens: int = 256
+    shuffle: bool = True
+    seed: int = 0
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    warmup_steps: int = 0
+    distributed_optimizer: bool = True
+    micro_batch_size: int = 1
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str = "checkpoints"
+    interval: int = 0  # steps; 0 = use the planner's Young/Daly interval when > 0, else never
+    keep_last: int = 2
+    keep_every: int = 0
+    resume: str = "auto"  # auto | none | a path
+    async_save: bool = True
+
+
+@dataclass
+class LoggerConfig:
+    wandb: bool = True
+    project: str = "megatron-rl"
+    group: str = ""  # defaults to the recipe name
+    run_dir: str = "outputs"
+    progress: bool = True
+
+
+@dataclass
+class ClusterConfig:
+    """The machines: used by validation, the planner and `megatron-rl submit`."""
+
+    name: str = "cpu"
+    nodes: int = 1
+    gpus_per_node: int = 2
+    gpu: str = "cpu"
+    gpu_memory_gib: float = 80.0
+    hbm_bandwidth_tbps: float = 3.35  # TB/s
+    peak_tflops_bf16: float = 989.0  # dense
+    nvlink_gbps: float = 900.0  # GB/s per GPU, intra-node
+    ib_gbps_per_nic: float = 400.0  # Gb/s
+    nics_per_node: int = 8
+    storage_gbps: float = 20.0  # GB/s total, shared storage
+    node_mtbf_days: float = 20.0
+    partition: str = ""
+    account: str = ""
+    time_limit: str = "48:00:00"
+    container_image: str = ""
+
+
+@dataclass
+class PlanConfig:
+    """Planner assumptions and the target the run must meet."""
+
+    train_mfu: float = 0.40
+    generation_bw_fraction: float = 0.75
+    target_steps: int = 600
+    target_hours: float = 48.0
+    publish_pack_s: float = 0.0
+    publish_install_s: float = 0.0
+    publish_validate_s: float = 0.0
+    prefix_sharing: bool = True
+
+
+@dataclass
+class RecipeConfig:
+    """A complete recipe: every group plus run-level settings."""
+
+    name: str = MISSING
+    steps: int = 10
+    seed: int = 1234
+    model: ModelConfig = field(default_factory=ModelConfig)
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+
+
+GROUPS: dict[str, type] = {
+    "model": ModelConfig,
+    "layout": LayoutConfig,
+    "algorithm": AlgorithmConfig,
+    "rollout": RolloutConfig,
+    "reward": RewardConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "checkpoint": CheckpointConfig,
+    "logger": LoggerConfig,
+    "cluster": ClusterConfig,
+    "plan": PlanConfig,
+}
+
+
+def register_configs() -> None:
+    """Register the recipe schema and each group's schema in Hydra's ConfigStore.
+
+    Called explicitly by the loader (never at import), so importing the package has no side effects.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="recipe_schema", node=RecipeConfig)
+    for group, node in GROUPS.items():
+        cs.store(group=group, name=f"{group}_schema", node=node)

@@ -1,0 +1,102 @@
+"""Architecture specs: the numbers every layer of the project agrees on.
+
+A `ModelSpec` is derived once from the recipe's model group and is pure data: the trainer turns it
+into a megatron-core `TransformerConfig`, the reshard planner counts its bytes, the capacity planner
+its FLOPs. It knows nothing of parallelism except the one thing the vocabulary needs (padding).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    head_dim: int
+    vocab_size: int
+    make_vocab_size_divisible_by: int
+    max_position_embeddings: int
+    rope_theta: float
+    norm_eps: float
+    qkv_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+    params_dtype: str
+
+    @classmethod
+    def from_config(cls, m) -> ModelSpec:  # m: config.schema.ModelConfig
+        if m.family not in FAMILIES:
+            raise ValueError(f"model.family={m.family!r} is not one of {FAMILIES}")
+        return cls(
+            name=m.name,
+            family=m.family,
+            num_layers=m.num_layers,
+            hidden_size=m.hidden_size,
+            ffn_hidden_size=m.ffn_hidden_size,
+            num_attention_heads=m.num_attention_heads,
+            num_query_groups=m.num_query_groups,
+            head_dim=m.head_dim or m.hidden_size // m.num_attention_heads,
+            vocab_size=m.vocab_size,
+            make_vocab_size_divisible_by=m.make_vocab_size_divisible_by,
+            max_position_embeddings=m.max_position_embeddings,
+            rope_theta=m.rope_theta,
+            norm_eps=m.norm_eps,
+            qkv_bias=m.qkv_bias,
+            qk_norm=m.qk_norm,
+            tie_word_embeddings=m.tie_word_embeddings,
+            params_dtype=m.params_dtype,
+        )
+
+    # ---- shapes ----
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_attention_heads // self.num_query_groups
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_query_groups * self.head_dim
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.params_dtype]
+
+    def padded_vocab(self, tp: int) -> int:
+        """Vocabulary rows after megatron's padding: a multiple of divisible_by x TP."""
+        mult = self.make_vocab_size_divisible_by * tp
+        return int(math.ceil(self.vocab_size / mult) * mult)
+
+    # ---- counts ----
+    def layer_params(self) -> int:
+        h, f = self.hidden_size, self.ffn_hidden_size
+        qkv = h * (self.q_size + 2 * self.kv_size) + (self.q_size + 2 * self.kv_size if self.qkv_bias else 0)
+        proj = self.q_size * h
+        mlp = 3 * h * f
+        norms = 2 * h + (2 * self.head_dim if self.qk_norm else 0)
+        return qkv + proj + mlp + norms
+
+    def num_params(self, padded_vocab: int | None = None) -> int:
+        v = padded_vocab or self.vocab_size
+        emb = v * self.hidden_size
+        out = 0 if self.tie_word_embeddings else v * self.hidden_size
+        return self.num_layers * self.layer_params() + emb + out + self.hidden_size
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: int | None = None) -> int:
+        """KV-cache bytes one token of context holds across all layers (K and V)."""
+        b = kv_dtype_bytes or self.dtype_bytes
+        return 2 * self.num_layers * self.num_query_groups * self.head_dim * b

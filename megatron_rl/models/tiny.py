@@ -1,0 +1,61 @@
+"""Small random HF checkpoints built from a config (no download), for tests, demos and benchmarks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from megatron_rl.models.spec import ModelSpec
+
+_HF_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+               "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
+
+
+def hf_config(spec: ModelSpec, dtype: str = "float32"):
+    """The transformers config that describes the same architecture as `spec`."""
+    import transformers
+
+    cfg_cls = getattr(transformers, _HF_CLASSES[spec.family][0])
+    kw = dict(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.ffn_hidden_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_query_groups,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        rms_norm_eps=spec.norm_eps,
+        rope_theta=spec.rope_theta,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        torch_dtype=dtype,
+    )
+    if spec.family == "llama":
+        kw["attention_bias"] = spec.qkv_bias
+        kw["mlp_bias"] = False
+    cfg = cfg_cls(**kw)
+    if spec.family == "llama" and hasattr(cfg, "rope_parameters"):
+        cfg.rope_parameters = {"rope_type": "default", "rope_theta": spec.rope_theta}
+    return cfg
+
+
+def hf_model(spec: ModelSpec, seed: int = 0, dtype: str = "float32"):
+    """A randomly initialised HF model of `spec` (eval mode, fp32 unless told)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    model = getattr(transformers, _HF_CLASSES[spec.family][1])(hf_config(spec, dtype))
+    # Norm weights start at 1; perturb them so a swapped or missing norm shows in the logits.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def write_hf_checkpoint(spec: ModelSpec, path: str | Path, seed: int = 0) -> Path:
+    """Save a random HF checkpoint of `spec` (safetensors + config.json) the way HF writes it."""
+    path = Path(path)
+    model = hf_model(spec, seed)
+    model.save_pretrained(path, safe_serialization=True)
+    return path

@@ -1,0 +1,85 @@
+"""Variable-length sequences -> fixed-shape microbatches for megatron-core's pipeline schedules.
+
+Pipeline p2p buffers have one shape for the whole schedule, so every microbatch is right-padded
+to one length. Right padding needs no attention mask: with causal attention a real token never
+attends to a later (padding) position, so padded and unpadded sequences give the same logits for
+their real tokens; padding only has to be masked out of the loss.
+
+Legend: B = sequences in a microbatch, S = padded length, T = S - 1 predicted positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Microbatch:
+    tokens_BS: torch.Tensor  # int64 token ids, right-padded with 0
+    position_ids_BS: torch.Tensor
+    lengths: list[int]  # real length of each sequence
+    # Position t predicts token t+1; mask is 1 where that target is a completion token.
+    loss_mask_BT: torch.Tensor
+    index: list[int]  # position of each sequence in the caller's list
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-token tensors [B, T]
+
+
+def padded_length(lengths: list[int], multiple: int = 8) -> int:
+    longest = max(lengths)
+    return ((longest + multiple - 1) // multiple) * multiple
+
+
+def make_microbatches(
+    sequences: list[list[int]],
+    prompt_lens: list[int],
+    micro_batch_size: int,
+    seq_len: int | None = None,
+    extras: dict[str, list[torch.Tensor]] | None = None,
+    multiple: int = 8,
+) -> list[Microbatch]:
+    """Split sequences (prompt + completion token ids) into right-padded microbatches.
+
+    `extras` holds per-completion-token values (e.g. advantages, old log-probs), one 1-D tensor per
+    sequence of length len(seq) - prompt_len; they are laid out on the same [B, T] grid as the mask.
+    """
+    if len(sequences) != len(prompt_lens):
+        raise ValueError(f"{len(sequences)} sequences but {len(prompt_lens)} prompt lengths")
+    if len(sequences) % micro_batch_size:
+        raise ValueError(f"{len(sequences)} sequences do not split into microbatches of {micro_batch_size}")
+    lengths = [len(s) for s in sequences]
+    S = seq_len or padded_length(lengths, multiple)
+    if max(lengths) > S:
+        raise ValueError(f"a sequence of {max(lengths)} tokens exceeds the padded length {S}")
+    out = []
+    for start in range(0, len(sequences), micro_batch_size):
+        idx = list(range(start, start + micro_batch_size))
+        tokens = torch.zeros(len(idx), S, dtype=torch.long)
+        mask = torch.zeros(len(idx), S - 1, dtype=torch.float32)
+        ex = {k: torch.zeros(len(idx), S - 1, dtype=torch.float32) for k in (extras or {})}
+        for b, i in enumerate(idx):
+            seq, p = sequences[i], prompt_lens[i]
+            if not 0 < p <= len(seq):
+                raise ValueError(f"sequence {i}: prompt length {p} outside 1..{len(seq)}")
+            tokens[b, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+            mask[b, p - 1 : len(seq) - 1] = 1.0
+            for k, values in (extras or {}).items():
+                v = values[i]
+                if v.numel() != len(seq) - p:
+                    raise ValueError(f"extras[{k!r}][{i}] has {v.numel()} values for {len(seq) - p} completion tokens")
+                ex[k][b, p - 1 : len(seq) - 1] = v.float()
+        pos = torch.arange(S).unsqueeze(0).expand(len(idx), S).contiguous()
+        out.append(Microbatch(tokens, pos, [lengths[i] for i in idx], mask, idx, ex))
+    return out
+
+
+def completion_values(mb_values_BT: list[torch.Tensor], microbatches: list[Microbatch], prompt_lens: list[int]):
+    """Per-sequence 1-D tensors of the completion positions, back in the caller's order."""
+    n = sum(len(mb.index) for mb in microbatches)
+    out: list[torch.Tensor | None] = [None] * n
+    for values, mb in zip(mb_values_BT, microbatches):
+        for b, i in enumerate(mb.index):
+            p, L = prompt_lens[i], mb.lengths[b]
+            out[i] = values[b, p - 1 : L - 1].clone()
+    return out

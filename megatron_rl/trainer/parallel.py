@@ -1,0 +1,88 @@
+"""Process groups: torch.distributed from the launcher's environment, then megatron-core's groups.
+
+gloo on CPU, NCCL on GPU. The CPU patches are applied here (explicitly, only without CUDA) because
+this is the first point at which megatron-core code runs in a trainer process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl.dist_env import DistEnv, from_env
+
+
+@dataclass(frozen=True)
+class ParallelState:
+    env: DistEnv
+    tp: int
+    pp: int
+    dp: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+    device: torch.device
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+
+def init_parallel(tp: int, pp: int, seed: int = 1234, timeout_s: float = 600.0) -> ParallelState:
+    """Initialise torch.distributed (if not yet) and megatron-core's model-parallel groups."""
+    from megatron_rl.trainer.cpu_compat import apply_cpu_patches, cuda_available
+
+    env = from_env()
+    env.export()
+    on_gpu = cuda_available()
+    if not on_gpu:
+        apply_cpu_patches()
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    else:
+        torch.cuda.set_device(env.local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if on_gpu else "gloo",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+    world = dist.get_world_size()
+    if world % (tp * pp) != 0:
+        raise ValueError(
+            f"world size {world} is not divisible by layout.tp x layout.pp = {tp} x {pp}; "
+            f"launch tp*pp*dp processes (e.g. --nproc-per-node {tp * pp})"
+        )
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    model_parallel_cuda_manual_seed(seed)
+    return ParallelState(
+        env=env,
+        tp=tp,
+        pp=pp,
+        dp=ps.get_data_parallel_world_size(),
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+        dp_rank=ps.get_data_parallel_rank(),
+        device=torch.device("cuda", env.local_rank) if on_gpu else torch.device("cpu"),
+    )
+
+
+def destroy_parallel() -> None:
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

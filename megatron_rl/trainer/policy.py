@@ -1,0 +1,203 @@
+"""The trainer's policy: a megatron-core GPTModel stage, its DDP wrapper and distributed optimizer.
+
+Two operations, both through megatron-core's pipeline schedules so that any TP x PP x DP layout
+runs the same code:
+- `logprobs(...)`: teacher-forced per-token log-probs (forward only), returned on every rank;
+- `train_step(...)`: forward/backward over the local microbatches with a caller's loss, then one
+  optimizer step (distributed optimizer, gradient clipping).
+
+Loss scaling: the schedule divides each microbatch loss by the number of microbatches and DDP
+averages gradients over DP ranks. Callers give losses already normalised by the *global* count
+(tokens or sequences over all DP ranks), so `train_step` multiplies by microbatches x DP to undo
+both and make the gradient equal that of the single-process loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl.models.megatron import ParallelSizes, build_gpt, transformer_config
+from megatron_rl.models.spec import ModelSpec
+from megatron_rl.trainer.batch import Microbatch, completion_values, make_microbatches
+from megatron_rl.trainer.logprobs import token_logprobs
+from megatron_rl.trainer.parallel import ParallelState
+
+# loss_fn(logprobs_BT, microbatch) -> (loss scalar normalised by the global count, metrics dict)
+LossFn = Callable[[torch.Tensor, Microbatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass
+class OptimSettings:
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    distributed_optimizer: bool = True
+
+
+class Policy:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        state: ParallelState,
+        par: ParallelSizes,
+        dtype: str | None = None,
+        optim: OptimSettings | None = None,
+        micro_batch_size: int = 1,
+    ):
+        self.spec, self.state, self.par = spec, state, par
+        self.dtype = dtype or spec.params_dtype
+        self.micro_batch_size = micro_batch_size
+        self.padded_vocab = spec.padded_vocab(par.tp)
+        on_cpu = state.device.type == "cpu"
+        self.config = transformer_config(spec, par, self.dtype, on_cpu=on_cpu)
+        model = build_gpt(spec, self.config, self.padded_vocab, state.is_first_stage, state.is_last_stage)
+        self.model = model.to(state.device)
+        self.ddp = None
+        self.optimizer = None
+        if optim is not None:
+            self._setup_optimizer(optim)
+
+    # ---- setup ----
+    def _setup_optimizer(self, o: OptimSettings) -> None:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        ddp_cfg = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=o.distributed_optimizer
+        )
+        self.ddp = DistributedDataParallel(config=self.config, ddp_config=ddp_cfg, module=self.model)
+        ocfg = OptimizerConfig(
+            optimizer="adam",
+            lr=o.lr,
+            min_lr=o.min_lr,
+            weight_decay=o.weight_decay,
+            adam_beta1=o.adam_beta1,
+            adam_beta2=o.adam_beta2,
+            adam_eps=o.adam_eps,
+            clip_grad=o.clip_grad,
+            bf16=self.dtype == "bf16",
+            fp16=self.dtype == "fp16",
+            params_dtype=self.config.params_dtype,
+            use_distributed_optimizer=o.distributed_optimizer,
+        )
+        self.optimizer = get_megatron_optimizer(ocfg, [self.ddp])
+        self.config.no_sync_func = self.ddp.no_sync
+        self.config.finalize_model_grads_func = finalize_model_grads
+
+    @property
+    def module(self):
+        """The GPTModel (unwrapped), whatever wraps it."""
+        return self.model
+
+    def named_parameters_global(self):
+        from megatron_rl.models.megatron import global_param_name
+
+        for n, p in self.model.named_parameters():
+            yield global_param_name(self.model, n), p
+
+    # ---- forward passes ----
+    def _run(self, mbs: list[Microbatch], forward_only: bool, step_fn) -> list[dict]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        fb = get_forward_backward_func()
+        model = self.ddp if (self.ddp is not None and not forward_only) else self.model
+        seq_len = mbs[0].tokens_BS.shape[1]
+        with torch.set_grad_enabled(not forward_only):
+            return fb(
+                forward_step_func=step_fn,
+                data_iterator=iter(mbs),
+                model=[model],
+                num_microbatches=len(mbs),
+                seq_length=seq_len,
+                micro_batch_size=mbs[0].tokens_BS.shape[0],
+                forward_only=forward_only,
+            )
+
+    def _forward(self, model, mb: Microbatch) -> torch.Tensor:
+        dev = self.state.device
+        return model(mb.tokens_BS.to(dev), mb.position_ids_BS.to(dev), attention_mask=None)
+
+    def logprobs(
+        self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0, seq_len: int | None = None
+    ) -> list[torch.Tensor]:
+        """Per-sequence completion log-probs (1-D float32 tensors), on every rank of the model group."""
+        mbs = make_microbatches(sequences, prompt_lens, self.micro_batch_size, seq_len)
+        tp_rank, vocab = self.state.tp_rank, self.spec.vocab_size
+
+        def step(data_iter, model):
+            mb = next(data_iter)
+            out = self._forward(model, mb)
+
+            def loss_func(logits):
+                lp = token_logprobs(logits, mb.tokens_BS.to(logits.device), vocab, temperature, tp_rank)
+                return lp.sum() * 0.0, {"logprobs": lp.detach().cpu()}
+
+            return out, loss_func
+
+        self.model.eval()
+        outs = self._run(mbs, forward_only=True, step_fn=step)
+        values = [o["logprobs"] for o in outs] if self.state.is_last_stage else None
+        values = self._broadcast_from_last_stage(values, mbs)
+        return completion_values(values, mbs, prompt_lens)
+
+    def _broadcast_from_last_stage(self, values: list[torch.Tensor] | None, mbs: list[Microbatch]):
+        """Send the last PP stage's [B, T] tensors to every stage (others allocate and receive)."""
+        if self.par.pp == 1:
+            return values
+        from megatron.core import parallel_state as ps
+
+        src = ps.get_pipeline_model_parallel_last_rank()
+        group = ps.get_pipeline_model_parallel_group()
+        if values is None:
+            values = [torch.empty(mb.loss_mask_BT.shape, dtype=torch.float32) for mb in mbs]
+        for v in values:
+            dist.broadcast(v, src=src, group=group)
+        return values
+
+    def train_step(
+        self,
+        sequences: list[list[int]],
+        prompt_lens: list[int],
+        loss_fn: LossFn,
+        extras: dict[str, list[torch.Tensor]] | None = None,
+        temperature: float = 1.0,
+        seq_len: int | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step over this DP rank's sequences. Returns metrics (grad_norm, loss, ...)."""
+        if self.optimizer is None:
+            raise RuntimeError("Policy was built without an optimizer (pass optim=OptimSettings(...))")
+        mbs = make_microbatches(sequences, prompt_lens, self.micro_batch_size, seq_len, extras)
+        scale = len(mbs) * self.state.dp
+        tp_rank, vocab = self.state.tp_rank, self.spec.vocab_size
+
+        def step(data_iter, model):
+            mb = next(data_iter)
+            out = self._forward(model, mb)
+
+            def loss_func(logits):
+                lp = token_logprobs(logits, mb.tokens_BS.to(logits.device), vocab, temperature, tp_rank)
+                loss, metrics = loss_fn(lp, mb)
+                return loss * scale, {"loss": loss.detach().clone(), **{k: v.detach() for k, v in metrics.items()}}
+
+            return out, loss_func
+
+        self.model.train()
+        self.optimizer.zero_grad()
+        self.ddp.zero_grad_buffer()
+        outs = self._run(mbs, forward_only=False, step_fn=step)
+        ok, grad_norm, _ = self.optimizer.step()
+        metrics: dict[str, float] = {"grad_norm": float(grad_norm) if grad_norm is not None else float("nan")}
+        metrics["update_successful"] = float(bool(ok))
+        if outs:
+            for k in outs[0]:
+                metrics[k] = float(torch.stack([o[k].float().reshape(()) for o in outs]).sum())
+        return metrics
