@@ -75,7 +75,31 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe
     from omegaconf import OmegaConf
 
     cfg = compose_recipe(name_or_path, overrides)
+    _refuse_unknown_keys(cfg, RecipeConfig, "")
     return OmegaConf.to_object(cfg)
+
+
+def _refuse_unknown_keys(node, schema: type, prefix: str) -> None:
+    """Hydra's `+key=value` adds keys even to structured configs; refuse any key the schema lacks."""
+    import dataclasses
+
+    from omegaconf import DictConfig
+
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            raise KeyError(f"unknown config key {path!r}; valid keys here: {', '.join(fields)}")
+        child = node._get_node(key)
+        ftype = fields[key].type
+        sub = ftype if isinstance(ftype, type) and dataclasses.is_dataclass(ftype) else None
+        if sub is None and isinstance(ftype, str):
+            from megatron_rl.config import schema as S
+
+            sub = getattr(S, ftype, None)
+            sub = sub if dataclasses.is_dataclass(sub) else None
+        if sub is not None and isinstance(child, DictConfig):
+            _refuse_unknown_keys(child, sub, path + ".")
 
 
 def to_yaml(recipe: RecipeConfig) -> str:

@@ -1,0 +1,48 @@
+"""Shared definitions of the trainer's multi-process checks (worker and test both import these)."""
+
+import torch
+
+LOGPROB_CASES = [
+    ("qwen2_tiny", 1, 1),
+    ("qwen2_tiny", 2, 1),
+    ("qwen2_tiny", 1, 2),
+    ("qwen2_tiny", 2, 2),
+    ("llama_tiny_tied", 2, 2),
+    ("llama_tiny_tied", 1, 1),
+    ("qwen3_tiny", 2, 2),
+]
+TRAIN_CASES = [(2, 1), (2, 2)]  # DP2 and DP1 with 4 processes
+OPTIM = dict(lr=1e-2, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-3, clip_grad=0.5, distributed_optimizer=True)
+TEMPERATURE = 0.8
+
+
+def batch():
+    """Four sequences of different lengths (right padding and masks matter), fixed prompt lengths."""
+    g = torch.Generator().manual_seed(0)
+    lengths, prompt_lens = [9, 14, 5, 12], [3, 4, 2, 5]
+    seqs = [torch.randint(0, 100, (n,), generator=g).tolist() for n in lengths]
+    return seqs, prompt_lens
+
+
+def advantages(seqs, prompt_lens):
+    """A fixed per-token weight so the step is not a plain likelihood step."""
+    return [torch.linspace(-1.0, 1.5, len(s) - p) for s, p in zip(seqs, prompt_lens)]
+
+
+def train_loss(global_tokens: float):
+    """-sum(adv * logp) over completion tokens / global token count (the trainer's loss_fn contract)."""
+
+    def loss_fn(lp_BT, mb):
+        return -(lp_BT * mb.extras["adv"] * mb.loss_mask_BT).sum() / global_tokens, {}
+
+    return loss_fn
+
+
+def reinit(tp: int, pp: int):
+    """Re-create megatron's model-parallel groups at another layout in the same processes."""
+    from megatron.core import parallel_state as ps
+
+    from megatron_rl.trainer.parallel import init_parallel
+
+    ps.destroy_model_parallel()
+    return init_parallel(tp, pp)

@@ -1,0 +1,92 @@
+"""torchrun worker (4 processes) for the trainer's multi-process checks, sharing one megatron import.
+
+  torchrun --nproc-per-node 4 worker_foundation.py OUT_DIR CKPT_ROOT
+
+For each (family, TP, PP) case: build the trainer from the HF checkpoint CKPT_ROOT/<spec name>,
+compute teacher-forced log-probs; then one optimizer step at TP2 (DP2) and TP2xPP2 (DP1); then try
+malformed checkpoints. Rank 0 (and stage leaders) write results into OUT_DIR for the test to check.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl.models.hf import tp_unshard
+from megatron_rl.models.megatron import ParallelSizes
+from megatron_rl.trainer.hf_import import CheckpointError, load_hf_into
+from megatron_rl.trainer.parallel import init_parallel
+from megatron_rl.trainer.policy import OptimSettings, Policy
+from tests.dist.trainer.cases import LOGPROB_CASES, OPTIM, TEMPERATURE, TRAIN_CASES, advantages, batch, reinit, train_loss
+from tests.helpers.specs import SPECS
+
+OUT, CKPTS = Path(sys.argv[1]), Path(sys.argv[2])
+
+
+def gather_full(pol: Policy, st) -> dict[str, torch.Tensor]:
+    """Full (TP-unsharded) tensors of this PP stage, on every rank of the TP group."""
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_tensor_model_parallel_group()
+    out = {}
+    for name, p in pol.named_parameters_global():
+        shards = [torch.empty_like(p) for _ in range(st.tp)]
+        dist.all_gather(shards, p.detach().contiguous(), group=group)
+        out[name] = tp_unshard(pol.spec, name, shards)
+    return out
+
+
+def main() -> None:
+    st = init_parallel(1, 1)
+    rank = st.env.rank
+    seqs, prompt_lens = batch()
+    for spec_name, tp, pp in LOGPROB_CASES:
+        spec = SPECS[spec_name]
+        st = reinit(tp, pp)
+        pol = Policy(spec, st, ParallelSizes(tp, pp))
+        load_hf_into(pol.model, spec, CKPTS / spec_name, tp, st.tp_rank, pol.padded_vocab)
+        lps = pol.logprobs(seqs, prompt_lens, temperature=TEMPERATURE)
+        if rank == 0:
+            torch.save(lps, OUT / f"logprobs_{spec_name}_tp{tp}pp{pp}.pt")
+
+    for tp, pp in TRAIN_CASES:
+        spec = SPECS["qwen2_tiny"]
+        st = reinit(tp, pp)
+        pol = Policy(spec, st, ParallelSizes(tp, pp), optim=OptimSettings(**OPTIM))
+        load_hf_into(pol.model, spec, CKPTS / spec.name, tp, st.tp_rank, pol.padded_vocab)
+        # Each DP rank trains on its contiguous share; the loss is normalised by the global token count.
+        n = len(seqs) // st.dp
+        mine = slice(st.dp_rank * n, (st.dp_rank + 1) * n)
+        global_tokens = float(sum(len(s) - p for s, p in zip(seqs, prompt_lens)))
+        adv = advantages(seqs, prompt_lens)[mine]
+        metrics = pol.train_step(seqs[mine], prompt_lens[mine], train_loss(global_tokens), extras={"adv": adv})
+        full = gather_full(pol, st)
+        if st.tp_rank == 0 and st.dp_rank == 0:
+            torch.save(full, OUT / f"params_tp{tp}pp{pp}_stage{st.pp_rank}.pt")
+        if rank == dist.get_world_size() - 1:
+            (OUT / f"metrics_tp{tp}pp{pp}.json").write_text(json.dumps(metrics))
+
+    # Malformed checkpoints: refused, naming the tensor, with the model untouched.
+    spec = SPECS["qwen2_tiny"]
+    st = reinit(2, 1)
+    pol = Policy(spec, st, ParallelSizes(2, 1))
+    load_hf_into(pol.model, spec, CKPTS / spec.name, 2, st.tp_rank, pol.padded_vocab)
+    before = {n: p.detach().clone() for n, p in pol.named_parameters_global()}
+    results = {}
+    for bad in sorted(p for p in CKPTS.iterdir() if p.name.startswith("bad_")):
+        try:
+            load_hf_into(pol.model, spec, bad, 2, st.tp_rank, pol.padded_vocab)
+            msg = None
+        except CheckpointError as e:
+            msg = str(e)
+        unchanged = all(torch.equal(before[n], p) for n, p in pol.named_parameters_global())
+        results[bad.name] = {"error": msg, "unchanged": unchanged}
+    if rank == 0:
+        (OUT / "malformed.json").write_text(json.dumps(results, indent=1))
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
