@@ -148,7 +148,7 @@ class OptimConfig:
 @dataclass
 class CheckpointConfig:
     dir: str = "checkpoints"
-    interval: int = 0  # steps; 0 = use the planner's Young/Daly interval when > 0, else never
+    interval: int = 0  # steps between saves; 0 = never; -1 = the planner's Young/Daly interval
     keep_last: int = 2
     keep_every: int = 0
     resume: str = "auto"  # auto | none | a path

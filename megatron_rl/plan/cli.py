@@ -1,0 +1,77 @@
+"""`megatron-rl plan RECIPE [overrides...] [--json] [--plot FILE] [--from-steps F]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from megatron_rl.plan.calibrate import calibrate, read_steps, summarize
+from megatron_rl.plan.cycle import cycle
+from megatron_rl.plan.inputs import PlanError, inputs_from_recipe, layout_from_recipe
+from megatron_rl.plan.render import render
+from megatron_rl.plan.report import build_report
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="megatron-rl plan",
+        description="Size a run before renting GPUs: time, GPU-seconds, memory, publication, failures, layouts.",
+    )
+    p.add_argument("recipe", help="a shipped recipe name or a path to a recipe YAML")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. cluster.nodes=16 layout.engine_tp=8")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON instead of text")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG Gantt of the serial and overlapped timelines")
+    p.add_argument(
+        "--from-steps", metavar="F", help="steps.jsonl of a run: replace assumed phase times with measured"
+    )
+    p.add_argument("--no-search", action="store_true", help="skip the layout search")
+    p.add_argument("--top", type=int, default=10, help="layouts to list from the search (default 10)")
+    return p
+
+
+def _clean(x):
+    """JSON without NaN/inf: non-finite numbers become null."""
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from megatron_rl.config.load import RecipeNotFound, load_recipe
+
+    try:
+        recipe = load_recipe(args.recipe, args.overrides)
+        inp = inputs_from_recipe(recipe)
+        layout = layout_from_recipe(recipe)
+        cal = None
+        if args.from_steps:
+            cal = calibrate(inp, layout, cycle(inp, layout), summarize(read_steps(args.from_steps)))
+        report = build_report(inp, layout, calibration=cal, with_search=not args.no_search, top=args.top)
+    except (PlanError, RecipeNotFound, HydraException, OmegaConfBaseException) as e:
+        print(f"megatron-rl plan: {e}", file=sys.stderr)
+        return 2
+    if args.plot:
+        from megatron_rl.plan.plot import gantt
+
+        gantt(report, args.plot)
+    if args.json:
+        print(json.dumps(_clean(report), indent=2))
+    else:
+        print(render(report), end="")
+        if args.plot:
+            print(f"Gantt written to {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

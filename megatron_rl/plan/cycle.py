@@ -1,0 +1,206 @@
+"""One step's phases on a layout: the serial cycle, and the overlapped steady state.
+
+Serial (colocated, or separated and synchronous): every phase waits for the one before:
+    [switch] + generation + exposed scoring + old/ref log-probs + train + optimizer + publish
+Overlapped (separated, one-step asynchronous): step t+1 is collected while step t is learned, so the
+step takes the larger of the two paths:
+    collection = generation + exposed scoring           (engine GPUs and the CPU pool)
+    learning   = log-prob forwards + train + optimizer + publish   (trainer GPUs)
+
+Compute phases run at the assumed MFU on the trainer GPUs, stretched by two layout effects the MFU
+cannot know: DP imbalance (a minibatch's sequences split unevenly over DP ranks: ceil(B/DP)·DP/B)
+and the 1F1B pipeline bubble ((PP-1)/microbatches); pipeline sends between stages are added
+unoverlapped (a pessimistic bound, small next to the compute). The optimizer phase is the DP gradient
+reduce-scatter and parameter all-gather (all-reduce without the distributed optimizer) per
+minibatch, over NVLink when the DP group fits in a node, else the GPU's share of the node's IB.
+Colocated GPUs also pay a switch each step: the trainer offloads grads and optimizer state to the
+host while the engine runs, and a level-1 sleeping engine offloads its weights while the trainer runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from megatron_rl.plan.flops import logprob_forward_flops, recompute_extra_flops, train_flops
+from megatron_rl.plan.generation import Generation, generation
+from megatron_rl.plan.inputs import RECOMPUTE_MODES, PlanInputs, PlanLayout
+from megatron_rl.plan.memory import GRAD_BYTES, memory_fit, stage_params
+from megatron_rl.plan.publication import publication
+from megatron_rl.plan.scoring import scoring
+
+# The step phases, in the loop's order and with the names its step records use.
+PHASES = ("generation", "scoring", "old_logprobs", "ref_logprobs", "train_fwd_bwd", "optimizer", "publish")
+COLLECTION = ("generation", "scoring")
+LEARNING = ("old_logprobs", "ref_logprobs", "train_fwd_bwd", "optimizer", "publish", "other")
+
+
+@dataclass(frozen=True)
+class Cycle:
+    layout: PlanLayout
+    phases: dict  # wall seconds per phase (scoring = the part exposed after generation); + "switch"
+    gen: Generation
+    scoring: dict
+    publication: dict
+    memory: dict
+    serial_s: float
+    collection_s: float
+    learning_s: float
+    overlapped_s: float  # max(collection, learning): the step if the pools were separated and async
+
+    @property
+    def step_s(self) -> float:
+        """The step this layout actually runs: overlapped only when separated and asynchronous."""
+        return self.overlapped_s if self.layout.overlapped else self.serial_s
+
+    @property
+    def gpu_seconds(self) -> float:
+        return self.layout.gpus * self.step_s
+
+    @property
+    def fits(self) -> bool:
+        return self.memory["fits"]
+
+    @property
+    def reasons(self) -> list:
+        return list(dict.fromkeys(self.memory["reasons"] + list(self.gen.reasons)))
+
+
+def _stretch(inp: PlanInputs, layout: PlanLayout, sequences: int) -> float:
+    """DP imbalance x pipeline bubble for a pass over `sequences` sequences."""
+    dp = layout.dp
+    per_rank = math.ceil(sequences / dp)
+    imbalance = per_rank * dp / sequences
+    microbatches = math.ceil(per_rank / inp.work.micro_batch_size)
+    bubble = (layout.pp - 1) / microbatches
+    return imbalance * (1.0 + bubble)
+
+
+def _pp_p2p_seconds(inp: PlanInputs, layout: PlanLayout, sequences: int, passes: int) -> float:
+    """Pipeline sends of one rank over `sequences` sequences: each microbatch crosses each stage
+    boundary once per pass (forward, and backward when training), [S/TP, b, h] with sequence
+    parallelism. Stages sit tp x cp x dp ranks apart: another node once that exceeds a node."""
+    if layout.pp == 1:
+        return 0.0
+    w, hw = inp.work, inp.hw
+    microbatches = math.ceil(math.ceil(sequences / layout.dp) / w.micro_batch_size)
+    tokens = w.micro_batch_size * w.sequence_tokens / layout.cp
+    nbytes = (
+        tokens * inp.spec.hidden_size * inp.spec.dtype_bytes / (layout.tp if layout.sequence_parallel else 1)
+    )
+    apart = layout.tp * layout.cp * layout.dp
+    link = hw.nvlink_bytes_per_s if apart < hw.gpus_per_node else hw.gpu_ib_bytes_per_s
+    return microbatches * passes * nbytes / link
+
+
+def trainer_phases(inp: PlanInputs, layout: PlanLayout) -> dict:
+    """Wall seconds of the trainer's phases on `layout.trainer_gpus` GPUs."""
+    w, hw, s = inp.work, inp.hw, inp.spec
+    rate = layout.trainer_gpus * hw.peak_flops * inp.assume.train_mfu
+    per_minibatch = max(1, w.samples // w.minibatches)
+    lp = logprob_forward_flops(inp)
+    fwd_stretch = _stretch(inp, layout, w.samples)
+    fwd_p2p = _pp_p2p_seconds(inp, layout, w.samples, passes=1)
+    train = train_flops(inp) + recompute_extra_flops(inp, layout.recompute)
+    out = {
+        "old_logprobs": lp["old"] / rate * fwd_stretch + fwd_p2p,
+        "ref_logprobs": (lp["ref"] / rate * fwd_stretch + fwd_p2p) if lp["ref"] else 0.0,
+        "train_fwd_bwd": train / rate * _stretch(inp, layout, per_minibatch)
+        + w.minibatches * _pp_p2p_seconds(inp, layout, per_minibatch, passes=2),
+    }
+    params_gpu = max(stage_params(inp, layout)) / layout.tp
+    group = layout.dp * layout.cp
+    ranks_per_group_span = layout.tp * layout.cp * layout.dp
+    link = hw.nvlink_bytes_per_s if ranks_per_group_span <= hw.gpus_per_node else hw.gpu_ib_bytes_per_s
+    if inp.assume.distributed_optimizer:  # reduce-scatter fp32 grads + all-gather updated params
+        per_byte = GRAD_BYTES + s.dtype_bytes
+    else:  # all-reduce of fp32 grads
+        per_byte = 2 * GRAD_BYTES
+    comm = params_gpu * per_byte * (group - 1) / group / link
+    out["optimizer"] = w.minibatches * comm
+    return out
+
+
+def switch_seconds(inp: PlanInputs, layout: PlanLayout, memory: dict) -> float:
+    """Colocated only: host offload and reload of what each side does not need while the other runs."""
+    if not layout.colocated:
+        return 0.0
+    tr = memory["trainer"]
+    moved = 2 * (tr["grads"] + tr["optimizer"])
+    if inp.assume.sleep_level == 1:
+        moved += 2 * memory["engine"]["weights"]
+    return moved / inp.hw.host_link_bytes_per_s
+
+
+def cycle(inp: PlanInputs, layout: PlanLayout) -> Cycle:
+    gen = generation(inp, layout)
+    sc = scoring(inp, gen)
+    pub = publication(inp, layout)
+    mem = memory_fit(inp, layout)
+    phases = {"generation": gen.wall_s, "scoring": sc["exposed_s"]}
+    phases.update(trainer_phases(inp, layout))
+    phases["publish"] = pub["total_s"]
+    if layout.colocated:
+        phases["switch"] = switch_seconds(inp, layout, mem)
+    return from_phases(layout, phases, gen, sc, pub, mem)
+
+
+def from_phases(layout: PlanLayout, phases: dict, gen, sc, pub, mem) -> Cycle:
+    """Serial and overlapped cycles from phase times (predicted, or measured by --from-steps)."""
+    collection = sum(phases.get(p, 0.0) for p in COLLECTION)
+    learning = sum(phases.get(p, 0.0) for p in LEARNING)
+    return Cycle(
+        layout=layout,
+        phases=dict(phases),
+        gen=gen,
+        scoring=sc,
+        publication=pub,
+        memory=mem,
+        serial_s=sum(phases.values()),
+        collection_s=collection,
+        learning_s=learning,
+        overlapped_s=max(collection, learning),
+    )
+
+
+def lightest_fitting(inp: PlanInputs, layout: PlanLayout) -> PlanLayout:
+    """The layout with the cheapest recompute that fits in memory (the heaviest if none does)."""
+    for mode in RECOMPUTE_MODES:
+        trial = layout.with_(recompute=mode)
+        if memory_fit(inp, trial)["fits"]:
+            return trial
+    return layout.with_(recompute="full")
+
+
+def split_options(total_gpus: int, gpus_per_node: int) -> list[int]:
+    """Engine-pool sizes to try when separating: whole nodes, at most the seven eighths."""
+    gran = gpus_per_node if total_gpus > gpus_per_node else 1
+    every = list(range(gran, total_gpus - gran + 1, gran))
+    if len(every) <= 15:
+        return every
+    picks = {max(gran, min(total_gpus - gran, round(total_gpus * k / 8 / gran) * gran)) for k in range(1, 8)}
+    return sorted(picks)
+
+
+def compare_splits(inp: PlanInputs, layout: PlanLayout) -> list[Cycle]:
+    """Colocated vs separated (sync and async) on all the cluster's GPUs, with this layout's TP/PP/engine TP."""
+    total = inp.hw.gpus
+    unit = layout.tp * layout.pp * layout.cp
+    out = []
+    if total % unit == 0 and total % layout.engine_tp == 0:
+        colo = layout.with_(placement="colocated", synchrony="sync", dp=total // unit)
+        colo = colo.with_(engine_count=total // layout.engine_tp)
+        out.append(cycle(inp, lightest_fitting(inp, colo)))
+    for engine_gpus in split_options(total, inp.hw.gpus_per_node):
+        trainer_gpus = total - engine_gpus
+        if trainer_gpus % unit or engine_gpus % layout.engine_tp:
+            continue
+        sep = layout.with_(
+            placement="separated",
+            dp=trainer_gpus // unit,
+            engine_count=engine_gpus // layout.engine_tp,
+        )
+        sep = lightest_fitting(inp, sep)
+        for mode in ("sync", "one_step_async"):
+            out.append(cycle(inp, sep.with_(synchrony=mode)))
+    return out

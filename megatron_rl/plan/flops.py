@@ -1,0 +1,100 @@
+"""Tokens per step and the FLOPs of every compute-bound phase.
+
+Counting convention (the one every formula here and its tests share): a matmul of an m x n weight
+costs 2mn FLOPs per token forward and twice that backward, so a forward is 2·P per token and a
+training step 6·P, with P = `PlanInputs.matmul_params`. Causal attention adds, per layer and per
+query at position t (attending to t keys), 2·t·q_size FLOPs for Q·K^T and as many for the
+attention-weighted sum of V: forward over a sequence of S tokens
+
+    attn_fwd(S) = 4 · L · q_size · (1 + 2 + ... + S) = 2 · L · q_size · S · (S + 1)
+
+and three times that to train. Sequences are planned at the mean prompt and completion lengths;
+attention grows with S², so a heavy tail makes the real attention term somewhat larger (it is a
+few percent of the total for the reference recipe).
+"""
+
+from __future__ import annotations
+
+from megatron_rl.plan.inputs import PlanInputs
+
+
+def attention_fwd_flops(inp: PlanInputs, seq_tokens: int) -> float:
+    """Causal attention forward FLOPs of one sequence of `seq_tokens` tokens, all layers."""
+    s = inp.spec
+    return 2.0 * s.num_layers * s.q_size * seq_tokens * (seq_tokens + 1)
+
+
+def tokens_per_step(inp: PlanInputs) -> dict:
+    """Prompt tokens counted once per sample (every sample's sequence holds its prompt)."""
+    w = inp.work
+    return {
+        "sequences": w.samples,
+        "prompt": w.samples * w.prompt_tokens,
+        "prompt_unique": w.prompts * w.prompt_tokens,
+        "completion": w.samples * w.completion_tokens,
+        "trained": w.samples * w.sequence_tokens,
+        "per_sample": {
+            "prompt": w.prompt_tokens,
+            "completion": w.completion_tokens,
+            "completion_cap": w.max_new_tokens,
+        },
+    }
+
+
+def train_flops(inp: PlanInputs) -> float:
+    """Policy training: every minibatch is one forward and backward over its share of the batch."""
+    w = inp.work
+    per_seq = 6.0 * inp.matmul_params * w.sequence_tokens + 3.0 * attention_fwd_flops(inp, w.sequence_tokens)
+    return w.samples * per_seq
+
+
+def recompute_extra_flops(inp: PlanInputs, recompute: str) -> float:
+    """FLOPs added by activation recomputation: full redoes each layer's forward, selective the attention."""
+    w = inp.work
+    if recompute == "full":
+        return w.samples * (
+            2.0 * inp.spec.num_layers * inp.spec.layer_params() * w.sequence_tokens
+            + attention_fwd_flops(inp, w.sequence_tokens)
+        )
+    if recompute == "selective":
+        return w.samples * attention_fwd_flops(inp, w.sequence_tokens)
+    return 0.0
+
+
+def logprob_forward_flops(inp: PlanInputs) -> dict:
+    """Old-policy log-probs (always: the ratio's denominator) and reference log-probs (when KL is on)."""
+    w = inp.work
+    one = w.samples * (
+        2.0 * inp.matmul_params * w.sequence_tokens + attention_fwd_flops(inp, w.sequence_tokens)
+    )
+    ref = one if w.reference_forward else 0.0
+    return {"old": one, "ref": ref, "total": one + ref}
+
+
+def prefill_flops_per_prompt(inp: PlanInputs) -> float:
+    w = inp.work
+    return 2.0 * inp.matmul_params * w.prompt_tokens + attention_fwd_flops(inp, w.prompt_tokens)
+
+
+def prefill_flops(inp: PlanInputs, shared: bool) -> float:
+    """Prefill of a step: once per prompt when the n samples share its KV prefix, else once per sample."""
+    w = inp.work
+    return (w.prompts if shared else w.samples) * prefill_flops_per_prompt(inp)
+
+
+def decode_context_sum(prompt_tokens: int, completion_tokens: int) -> int:
+    """Cached tokens read while decoding: token i (0-based) of the completion reads p + i of them."""
+    c = completion_tokens
+    return c * prompt_tokens + c * (c - 1) // 2
+
+
+def decode_flops_per_sample(inp: PlanInputs, completion_tokens: int) -> float:
+    """Compute of decoding one completion: 2·P per token plus attention over the cached context."""
+    s = inp.spec
+    ctx = decode_context_sum(inp.work.prompt_tokens, completion_tokens)
+    return 2.0 * inp.matmul_params * completion_tokens + 4.0 * s.num_layers * s.q_size * ctx
+
+
+def compute_seconds(inp: PlanInputs, flops: float, gpus: int = 1) -> float:
+    """Wall seconds of `flops` spread evenly over `gpus` GPUs at the assumed MFU."""
+    return flops / (gpus * inp.hw.peak_flops * inp.assume.train_mfu)

@@ -1,0 +1,33 @@
+"""Scoring in the CPU pool, and how much of it hides behind generation when completions stream.
+
+Unstreamed, the pool scores the whole batch after generation: ceil(N / cores) waves of
+`seconds_per_sample`. Streamed, each completion goes to the pool as it finishes. The bulk of the
+completions finish between the end of prefill (t0) and the end of the bulk decode (t1); taking
+them as arriving evenly over that window, the pool is done with them at max(t1 + s, t0 + waves·s)
+(it either keeps up, or works off a backlog from t0 on). The longest completion finishes with
+generation and needs its own s. Whatever ends after generation is exposed; the rest is hidden.
+"""
+
+from __future__ import annotations
+
+import math
+
+from megatron_rl.plan.generation import Generation
+from megatron_rl.plan.inputs import PlanInputs
+
+
+def scoring(inp: PlanInputs, gen: Generation) -> dict:
+    w = inp.work
+    s = w.seconds_per_sample
+    waves = math.ceil(w.samples / w.pool_cores)
+    serial = waves * s
+    bulk_done = max(gen.bulk_end_s + s, gen.prefill_s + serial)
+    last_done = gen.wall_s + s
+    exposed = max(0.0, max(bulk_done, last_done) - gen.wall_s) if s > 0 else 0.0
+    return {
+        "core_seconds": w.samples * s,
+        "waves": waves,
+        "serial_s": serial,
+        "exposed_s": exposed,
+        "hidden_s": max(0.0, serial - exposed),
+    }

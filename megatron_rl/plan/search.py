@@ -1,0 +1,127 @@
+"""Search the layouts of a GPU count: trainer TP/PP/DP, engine TP and count, colocated or separated.
+
+Every candidate uses all the GPUs. Trainer TP and engine TP stay inside a node (their collectives
+run once per layer); PP divides the layers; DP and the engine count follow from the rest. Each
+candidate takes the cheapest activation recompute that fits in memory, and is ranked by its
+predicted step time (serial when colocated or synchronous, the overlapped steady state when
+separated and one-step asynchronous). A rejected candidate keeps the first reason it failed: a
+divisibility rule, a collective that would cross nodes, or the memory it needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from megatron_rl.plan.cycle import Cycle, cycle, lightest_fitting, split_options
+from megatron_rl.plan.inputs import PlanInputs, PlanLayout
+
+TP_OPTIONS = (1, 2, 4, 8)
+PP_OPTIONS = (1, 2, 4, 8, 16)
+ENGINE_TP_OPTIONS = (1, 2, 4, 8)
+
+
+def structural_reason(inp: PlanInputs, layout: PlanLayout) -> str | None:
+    """Why a layout cannot run at all, before any memory is counted; None if it can."""
+    s, g = inp.spec, inp.hw.gpus_per_node
+    per_minibatch = inp.work.samples // inp.work.minibatches
+    if layout.tp > g:
+        return f"trainer TP{layout.tp} would span nodes ({g} GPUs per node)"
+    if s.num_attention_heads % layout.tp or s.num_query_groups % layout.tp:
+        return (
+            f"trainer TP{layout.tp} does not divide {s.num_attention_heads} heads / "
+            f"{s.num_query_groups} KV heads"
+        )
+    if s.num_layers % layout.pp:
+        return f"PP{layout.pp} does not divide {s.num_layers} layers"
+    if per_minibatch < layout.dp * inp.work.micro_batch_size:
+        return f"DP{layout.dp} exceeds the {per_minibatch} sequences of a minibatch (idle ranks)"
+    if layout.engine_tp > g:
+        return f"engine TP{layout.engine_tp} would span nodes ({g} GPUs per node)"
+    if s.num_attention_heads % layout.engine_tp:
+        return f"engine TP{layout.engine_tp} does not divide {s.num_attention_heads} heads"
+    kv = s.num_query_groups
+    if kv % layout.engine_tp and layout.engine_tp % kv:
+        return f"engine TP{layout.engine_tp} neither divides nor is a multiple of {kv} KV heads"
+    return None
+
+
+def candidates(inp: PlanInputs, total_gpus: int) -> list[PlanLayout]:
+    """Every colocated layout and every separated split (sync) of `total_gpus` GPUs."""
+    out = []
+    for tp in TP_OPTIONS:
+        for pp in PP_OPTIONS:
+            unit = tp * pp
+            for etp in ENGINE_TP_OPTIONS:
+                if total_gpus % unit == 0 and total_gpus % etp == 0:
+                    out.append(
+                        PlanLayout(
+                            tp=tp, pp=pp, dp=total_gpus // unit, engine_tp=etp, engine_count=total_gpus // etp
+                        )
+                    )
+                for engine_gpus in split_options(total_gpus, inp.hw.gpus_per_node):
+                    trainer_gpus = total_gpus - engine_gpus
+                    if trainer_gpus % unit or engine_gpus % etp:
+                        continue
+                    out.append(
+                        PlanLayout(
+                            tp=tp,
+                            pp=pp,
+                            dp=trainer_gpus // unit,
+                            engine_tp=etp,
+                            engine_count=engine_gpus // etp,
+                            placement="separated",
+                        )
+                    )
+    return out
+
+
+def _kind(reason: str) -> str:
+    if "GiB" in reason or "KV cache" in reason:
+        return "memory"
+    if "span nodes" in reason:
+        return "topology"
+    return "divisibility"
+
+
+def search(inp: PlanInputs, total_gpus: int | None = None) -> dict:
+    """Rank every layout of `total_gpus` (default: the cluster's) by predicted step time.
+
+    A separated candidate that fits is ranked twice, synchronous and one-step asynchronous.
+    """
+    total = total_gpus or inp.hw.gpus
+    hw = dataclasses.replace(inp.hw, nodes=max(1, total // inp.hw.gpus_per_node))
+    inp = dataclasses.replace(inp, hw=hw)
+    accepted: list[Cycle] = []
+    rejected: list[dict] = []
+    cands = candidates(inp, total)
+    for cand in cands:
+        reason = structural_reason(inp, cand)
+        if reason:
+            rejected.append({"layout": cand.describe(), "reason": reason, "kind": _kind(reason)})
+            continue
+        lay = lightest_fitting(inp, cand)
+        cyc = cycle(inp, lay)
+        if not cyc.fits or cyc.gen.reasons:
+            reason = cyc.reasons[0]
+            rejected.append({"layout": lay.describe(), "reason": reason, "kind": _kind(reason)})
+            continue
+        accepted.append(cyc)
+        if not lay.colocated:  # the same pools, pipelined: identical phases, a different step
+            accepted.append(dataclasses.replace(cyc, layout=lay.with_(synchrony="one_step_async")))
+    accepted.sort(key=lambda c: (c.step_s, c.memory["peak"]))
+    kinds: dict[str, int] = {}
+    for r in rejected:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    return {
+        "gpus": total,
+        "candidates": len(cands),
+        "ranked": accepted,
+        "rejected": rejected,
+        "rejected_by_kind": kinds,
+    }
+
+
+def best_step_s(inp: PlanInputs, total_gpus: int) -> float:
+    """The fastest predicted step over every layout of `total_gpus`; inf when none fits."""
+    ranked = search(inp, total_gpus)["ranked"]
+    return ranked[0].step_s if ranked else float("inf")

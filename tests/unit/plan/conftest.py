@@ -1,0 +1,21 @@
+"""Fixtures: the reference recipe, loaded once (the hand case lives in hand.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_rl.plan.inputs import PlanInputs, PlanLayout, inputs_from_recipe, layout_from_recipe
+
+from .hand import REFERENCE
+
+
+@pytest.fixture(scope="session")
+def ref_recipe():
+    from megatron_rl.config.load import load_recipe
+
+    return load_recipe(REFERENCE)
+
+
+@pytest.fixture(scope="session")
+def ref(ref_recipe) -> tuple[PlanInputs, PlanLayout]:
+    return inputs_from_recipe(ref_recipe), layout_from_recipe(ref_recipe)

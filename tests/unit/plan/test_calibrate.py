@@ -1,0 +1,135 @@
+"""--from-steps: read step records, replace assumed phase times, answer "what if we separate"."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from megatron_rl.plan.calibrate import calibrate, read_steps, summarize
+from megatron_rl.plan.cli import main
+from megatron_rl.plan.cycle import compare_splits, cycle
+from megatron_rl.plan.inputs import PlanError
+from megatron_rl.plan.report import build_report
+
+from .hand import REFERENCE
+
+
+def _step(step: int, **seconds) -> dict:
+    return {"step": step, "phases": {k: {"seconds": v, "mem_gib": 50.0 + step} for k, v in seconds.items()}}
+
+
+STEPS = [
+    _step(
+        0,
+        init=240.0,
+        generation=150.0,
+        scoring=10.0,
+        old_logprobs=12.0,
+        ref_logprobs=12.0,
+        train_fwd_bwd=40.0,
+        optimizer=2.0,
+        publish=5.0,
+    ),
+    _step(
+        1,
+        generation=160.0,
+        scoring=9.0,
+        old_logprobs=11.0,
+        ref_logprobs=11.0,
+        train_fwd_bwd=38.0,
+        optimizer=2.0,
+        publish=4.0,
+        advantages=0.5,
+    ),
+    _step(
+        2,
+        generation=155.0,
+        scoring=8.0,
+        old_logprobs=11.5,
+        ref_logprobs=11.5,
+        train_fwd_bwd=39.0,
+        optimizer=2.0,
+        publish=4.5,
+    ),
+]
+MEDIANS = {
+    "generation": 155.0,
+    "scoring": 9.0,
+    "old_logprobs": 11.5,
+    "ref_logprobs": 11.5,
+    "train_fwd_bwd": 39.0,
+    "optimizer": 2.0,
+    "publish": 4.5,
+    "other": 0.5,
+}
+
+
+@pytest.fixture
+def steps_file(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    path.write_text("\n".join(json.dumps(s) for s in STEPS) + "\n")
+    return path
+
+
+def test_summarize_takes_medians_and_keeps_init_apart(steps_file):
+    s = summarize(read_steps(steps_file))
+    assert s["steps"] == 3
+    assert s["init_s"] == 240.0
+    assert s["median_s"] == MEDIANS  # an unknown phase (advantages) is counted as `other`
+    assert s["mem_gib_max"]["generation"] == 52.0
+
+
+def test_measured_phases_replace_the_assumed_ones(ref, steps_file):
+    inp, layout = ref
+    predicted = cycle(inp, layout)
+    cal = calibrate(inp, layout, predicted, summarize(read_steps(steps_file)))
+    assert cal["cycle"].serial_s == pytest.approx(sum(MEDIANS.values()))
+    assert cal["factors"]["generation"] == pytest.approx(155.0 / predicted.phases["generation"])
+    assert cal["offsets"]["publish"] == pytest.approx(4.5 - predicted.phases["publish"])
+    report = build_report(inp, layout, calibration=cal, with_search=False)
+    assert report["seconds"]["serial_cycle"] == pytest.approx(sum(MEDIANS.values()))
+    assert report["seconds"]["generation"] == 155.0
+    assert report["reliability"]["startup_s"] == 240.0  # the measured init replaces the assumed start-up
+
+
+def test_what_if_separated_scales_each_phase_by_its_calibration(ref, steps_file):
+    inp, layout = ref
+    predicted = cycle(inp, layout)
+    cal = calibrate(inp, layout, predicted, summarize(read_steps(steps_file)))
+    sep = [c for c in cal["what_if"] if not c.layout.colocated]
+    assert sep and cal["best_separated"] in sep
+    pred_rows = {c.layout: c for c in compare_splits(inp, layout)}
+    row = sep[0]
+    pred = pred_rows[row.layout]
+    assert row.phases["train_fwd_bwd"] == pytest.approx(
+        pred.phases["train_fwd_bwd"] * 39.0 / predicted.phases["train_fwd_bwd"]
+    )
+    assert row.phases["publish"] == pytest.approx(pred.phases["publish"] + cal["offsets"]["publish"])
+    assert row.phases["other"] == 0.5
+    assert "switch" not in row.phases
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "steps.jsonl:2: not JSON"),
+        ('{"phases": {}}', 'steps.jsonl:2: each line must be an object with an integer "step"'),
+        ('{"step": 1, "phases": []}', '"phases" must be an object'),
+        ('{"step": 1, "phases": {"generation": {"seconds": -1}}}', "phase 'generation' needs a non-negative"),
+    ],
+)
+def test_malformed_records_fail_with_the_line(tmp_path, line, message):
+    path = tmp_path / "steps.jsonl"
+    path.write_text(json.dumps(STEPS[0]) + "\n" + line + "\n")
+    with pytest.raises(PlanError, match=re.escape(message)):
+        read_steps(path)
+
+
+def test_cli_from_steps(steps_file, capsys):
+    assert main([REFERENCE, "--from-steps", str(steps_file), "--no-search"]) == 0
+    out = capsys.readouterr().out
+    assert "calibrated with measured steps" in out and "Calibration from 3 measured steps" in out
+    assert main([REFERENCE, "--from-steps", str(steps_file) + ".missing", "--no-search"]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -1,0 +1,59 @@
+"""The layout search: ranked by step time, every rejection with its reason."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from megatron_rl.plan.inputs import PlanLayout
+from megatron_rl.plan.memory import memory_fit
+from megatron_rl.plan.search import search, structural_reason
+
+
+def test_search_ranks_fitting_layouts_of_all_gpus(ref):
+    inp, _ = ref
+    res = search(inp)
+    ranked = res["ranked"]
+    assert res["gpus"] == 256 and len(ranked) > 10
+    assert [c.step_s for c in ranked] == sorted(c.step_s for c in ranked)
+    for c in ranked:
+        assert c.fits and c.layout.gpus == 256
+        assert memory_fit(inp, c.layout)["fits"]
+    # colocated and separated layouts, both synchronies, are all considered
+    kinds = {(c.layout.placement, c.layout.synchrony) for c in ranked}
+    assert kinds == {("colocated", "sync"), ("separated", "sync"), ("separated", "one_step_async")}
+
+
+def test_layouts_that_do_not_fit_are_rejected_with_the_reason(ref):
+    inp, _ = ref
+    rejected = search(inp)["rejected"]
+    assert rejected and all(r["reason"] for r in rejected)
+    # a TP1 engine cannot hold 61 GiB of Qwen2.5-32B weights in 0.6 x 80 GiB
+    tp1 = [r for r in rejected if "x TP1 engines" in r["layout"]]
+    assert tp1 and all(r["kind"] == "memory" and "leave no KV cache" in r["reason"] for r in tp1)
+    # the memory reasons are the ones memory_fit gives for that layout
+    first = next(r for r in rejected if r["kind"] == "memory")
+    assert "GiB" in first["reason"]
+
+
+def test_a_trainer_too_big_for_its_gpus_is_rejected_with_its_numbers(ref):
+    inp, _ = ref
+    small = dataclasses.replace(inp, hw=dataclasses.replace(inp.hw, gpu_memory_bytes=40 * 2**30))
+    res = search(small, 16)
+    trainer = [r for r in res["rejected"] if r["reason"].startswith("trainer needs")]
+    assert trainer and all("> 40 GiB" in r["reason"] for r in trainer)
+
+
+def test_structural_reasons(ref):
+    inp, _ = ref
+    base = PlanLayout(tp=8, pp=2, dp=16, engine_tp=4, engine_count=64)
+    assert structural_reason(inp, base) is None
+    assert "span nodes" in structural_reason(inp, base.with_(tp=16, dp=8))
+    assert "does not divide 64 layers" in structural_reason(inp, base.with_(pp=3))
+    # 4,096 samples / 4 minibatches = 1,024 sequences: DP 2,048 would leave ranks idle
+    assert "exceeds the 1024 sequences" in structural_reason(inp, base.with_(tp=1, pp=1, dp=2048))
+    odd = dataclasses.replace(
+        inp, spec=dataclasses.replace(inp.spec, num_attention_heads=28, num_query_groups=4)
+    )
+    assert "does not divide 28 heads" in structural_reason(
+        odd, base.with_(tp=4, dp=32, engine_tp=8, engine_count=32)
+    )
