@@ -89,4 +89,6 @@ def from_env(env: Mapping[str, str] | None = None) -> DistEnv:
             master_port=int(env.get("MASTER_PORT") or _port_from_job(env.get("SLURM_JOB_ID", ""))),
             launcher="slurm",
         )
-    return DistEnv(0, 1, 0, 1, env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", DEFAULT_PORT)), "single")
+    return DistEnv(
+        0, 1, 0, 1, env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", DEFAULT_PORT)), "single"
+    )

@@ -39,7 +39,9 @@ def show(argv: list[str]) -> int:
 
 
 def validate(argv: list[str]) -> int:
-    args = _parse("validate", argv, "Check a recipe without a GPU: shapes vs layout, world size, batch, memory.")
+    args = _parse(
+        "validate", argv, "Check a recipe without a GPU: shapes vs layout, world size, batch, memory."
+    )
     recipe = _load(args)
     if recipe is None:
         return 2

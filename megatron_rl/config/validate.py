@@ -65,10 +65,30 @@ def check_recipe(cfg: RecipeConfig) -> list[Problem]:
         if allowed is not None and _get(cfg, key) not in allowed:
             bad(key, f"must be one of {', '.join(allowed)}")
 
-    m, lay, ro, alg, data, cl, opt = cfg.model, cfg.layout, cfg.rollout, cfg.algorithm, cfg.data, cfg.cluster, cfg.optim
-    for key in ("layout.tp", "layout.pp", "layout.dp", "layout.cp", "layout.engine_tp", "layout.engine_count",
-                "cluster.nodes", "cluster.gpus_per_node", "rollout.samples_per_prompt", "data.prompts_per_step",
-                "algorithm.minibatches", "optim.micro_batch_size", "model.num_layers"):
+    m, lay, ro, alg, data, cl, opt = (
+        cfg.model,
+        cfg.layout,
+        cfg.rollout,
+        cfg.algorithm,
+        cfg.data,
+        cfg.cluster,
+        cfg.optim,
+    )
+    for key in (
+        "layout.tp",
+        "layout.pp",
+        "layout.dp",
+        "layout.cp",
+        "layout.engine_tp",
+        "layout.engine_count",
+        "cluster.nodes",
+        "cluster.gpus_per_node",
+        "rollout.samples_per_prompt",
+        "data.prompts_per_step",
+        "algorithm.minibatches",
+        "optim.micro_batch_size",
+        "model.num_layers",
+    ):
         if _get(cfg, key) < 1:
             bad(key, "must be >= 1")
     if out:
@@ -79,7 +99,10 @@ def check_recipe(cfg: RecipeConfig) -> list[Problem]:
         bad("model.num_query_groups", f"must divide model.num_attention_heads={m.num_attention_heads}")
     head_dim = m.head_dim or m.hidden_size // m.num_attention_heads
     if m.head_dim is None and m.hidden_size % m.num_attention_heads:
-        bad("model.hidden_size", f"is not a multiple of num_attention_heads={m.num_attention_heads}; set model.head_dim")
+        bad(
+            "model.hidden_size",
+            f"is not a multiple of num_attention_heads={m.num_attention_heads}; set model.head_dim",
+        )
 
     # ---- trainer TP / PP ----
     if m.num_query_groups % lay.tp:
@@ -108,8 +131,11 @@ def check_recipe(cfg: RecipeConfig) -> list[Problem]:
     if m.num_attention_heads % et:
         bad("layout.engine_tp", f"must divide model.num_attention_heads={m.num_attention_heads}")
     if et > m.num_query_groups and et % m.num_query_groups:
-        bad("layout.engine_tp", f"exceeds the {m.num_query_groups} KV heads and is not a multiple of them; "
-            "vLLM replicates KV heads only when engine_tp is a multiple of num_query_groups")
+        bad(
+            "layout.engine_tp",
+            f"exceeds the {m.num_query_groups} KV heads and is not a multiple of them; "
+            "vLLM replicates KV heads only when engine_tp is a multiple of num_query_groups",
+        )
     elif et <= m.num_query_groups and m.num_query_groups % et:
         bad("layout.engine_tp", f"must divide model.num_query_groups={m.num_query_groups}")
 
@@ -118,38 +144,59 @@ def check_recipe(cfg: RecipeConfig) -> list[Problem]:
     gpus = cl.nodes * cl.gpus_per_node
     if lay.placement == "colocated":
         if trainer_world != gpus:
-            bad("layout.dp", f"trainer world tp x pp x dp x cp = {trainer_world} must equal cluster.nodes x "
+            bad(
+                "layout.dp",
+                f"trainer world tp x pp x dp x cp = {trainer_world} must equal cluster.nodes x "
                 f"cluster.gpus_per_node = {gpus}; set layout.dp={max(gpus // (lay.tp * lay.pp * lay.cp), 1)} "
-                "or change the cluster size")
+                "or change the cluster size",
+            )
         if et * lay.engine_count != gpus:
-            bad("layout.engine_count", f"engine_tp x engine_count = {et * lay.engine_count} must cover the "
-                f"{gpus} GPUs when colocated; set layout.engine_count={max(gpus // et, 1)}")
+            bad(
+                "layout.engine_count",
+                f"engine_tp x engine_count = {et * lay.engine_count} must cover the "
+                f"{gpus} GPUs when colocated; set layout.engine_count={max(gpus // et, 1)}",
+            )
         if et > cl.gpus_per_node or cl.gpus_per_node % et:
-            bad("layout.engine_tp", f"a colocated engine must fit inside a node of {cl.gpus_per_node} GPUs "
-                "(engine_tp divides gpus_per_node)")
+            bad(
+                "layout.engine_tp",
+                f"a colocated engine must fit inside a node of {cl.gpus_per_node} GPUs "
+                "(engine_tp divides gpus_per_node)",
+            )
     else:
         if trainer_world + et * lay.engine_count != gpus:
-            bad("layout.engine_count", f"trainer ({trainer_world}) + engine ({et} x {lay.engine_count}) GPUs must "
-                f"equal the cluster's {gpus}")
+            bad(
+                "layout.engine_count",
+                f"trainer ({trainer_world}) + engine ({et} x {lay.engine_count}) GPUs must "
+                f"equal the cluster's {gpus}",
+            )
 
     # ---- batch ----
     samples = data.prompts_per_step * ro.samples_per_prompt
     if ro.samples_per_prompt < 2 and alg.name == "grpo":
         bad("rollout.samples_per_prompt", "GRPO needs >= 2 samples per prompt (group-relative advantages)")
     if samples % alg.minibatches:
-        bad("algorithm.minibatches", f"must divide the {samples} samples per step "
-            f"(data.prompts_per_step x rollout.samples_per_prompt)")
+        bad(
+            "algorithm.minibatches",
+            f"must divide the {samples} samples per step "
+            f"(data.prompts_per_step x rollout.samples_per_prompt)",
+        )
     else:
         per_mb = samples // alg.minibatches
         unit = lay.dp * opt.micro_batch_size
         if per_mb % unit:
-            bad("optim.micro_batch_size", f"each minibatch of {per_mb} samples must split evenly over "
-                f"layout.dp={lay.dp} ranks x micro_batch_size={opt.micro_batch_size}")
+            bad(
+                "optim.micro_batch_size",
+                f"each minibatch of {per_mb} samples must split evenly over "
+                f"layout.dp={lay.dp} ranks x micro_batch_size={opt.micro_batch_size}",
+            )
 
     # ---- lengths ----
     if data.max_prompt_tokens + ro.max_new_tokens > m.max_position_embeddings:
-        bad("rollout.max_new_tokens", f"data.max_prompt_tokens ({data.max_prompt_tokens}) + max_new_tokens "
-            f"exceeds model.max_position_embeddings={m.max_position_embeddings}")
+        bad(
+            "rollout.max_new_tokens",
+            f"data.max_prompt_tokens ({data.max_prompt_tokens}) + max_new_tokens "
+            f"exceeds model.max_position_embeddings={m.max_position_embeddings}",
+        )
     if ro.mean_completion_tokens > ro.max_new_tokens:
         bad("rollout.mean_completion_tokens", f"exceeds rollout.max_new_tokens={ro.max_new_tokens}")
     if alg.clip_low < 0 or alg.clip_high < 0:
@@ -188,9 +235,15 @@ def _memory_problems(cfg: RecipeConfig) -> list[Problem]:
     # Colocated: the engine sleeps while the trainer trains, so each must fit on its own.
     worst = max(trainer, engine) if cfg.layout.placement == "colocated" else trainer
     if worst > cap:
-        return [Problem("layout.tp", cfg.layout.tp, f"predicted memory {worst:.1f} GiB per GPU (trainer "
-                        f"{trainer:.1f}, engine {engine:.1f}) exceeds cluster.gpu_memory_gib={cap}; raise tp/pp, "
-                        "use layout.recompute=full, or more GPUs (`megatron-rl plan` shows the breakdown)")]
+        return [
+            Problem(
+                "layout.tp",
+                cfg.layout.tp,
+                f"predicted memory {worst:.1f} GiB per GPU (trainer "
+                f"{trainer:.1f}, engine {engine:.1f}) exceeds cluster.gpu_memory_gib={cap}; raise tp/pp, "
+                "use layout.recompute=full, or more GPUs (`megatron-rl plan` shows the breakdown)",
+            )
+        ]
     return []
 
 

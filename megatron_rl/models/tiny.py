@@ -6,8 +6,11 @@ from pathlib import Path
 
 from megatron_rl.models.spec import ModelSpec
 
-_HF_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-               "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
+_HF_CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+}
 
 
 def hf_config(spec: ModelSpec, dtype: str = "float32"):

@@ -67,14 +67,18 @@ def make_microbatches(
             for k, values in (extras or {}).items():
                 v = values[i]
                 if v.numel() != len(seq) - p:
-                    raise ValueError(f"extras[{k!r}][{i}] has {v.numel()} values for {len(seq) - p} completion tokens")
+                    raise ValueError(
+                        f"extras[{k!r}][{i}] has {v.numel()} values for {len(seq) - p} completion tokens"
+                    )
                 ex[k][b, p - 1 : len(seq) - 1] = v.float()
         pos = torch.arange(S).unsqueeze(0).expand(len(idx), S).contiguous()
         out.append(Microbatch(tokens, pos, [lengths[i] for i in idx], mask, idx, ex))
     return out
 
 
-def completion_values(mb_values_BT: list[torch.Tensor], microbatches: list[Microbatch], prompt_lens: list[int]):
+def completion_values(
+    mb_values_BT: list[torch.Tensor], microbatches: list[Microbatch], prompt_lens: list[int]
+):
     """Per-sequence 1-D tensors of the completion positions, back in the caller's order."""
     n = sum(len(mb.index) for mb in microbatches)
     out: list[torch.Tensor | None] = [None] * n

@@ -128,7 +128,11 @@ def _event() -> None:
 
 PATCHES: tuple[Patch, ...] = (
     Patch("rng", "tensor_parallel.random.CudaRNGStatesTracker.add/fork", _rng),
-    Patch("current_device", "RotaryEmbedding.forward, tensor_parallel layers, p2p and grad buffers", _current_device),
+    Patch(
+        "current_device",
+        "RotaryEmbedding.forward, tensor_parallel layers, p2p and grad buffers",
+        _current_device,
+    ),
     Patch("cuda_literal", "pipeline_parallel.schedules (device='cuda', Tensor.cuda())", _cuda_literal),
     Patch("synchronize", "p2p_communication._communicate(batch_p2p_sync), dist_checkpointing", _synchronize),
     Patch("tensor_type", "optimizer.clip_grads, optimizer.distrib_optimizer type() checks", _tensor_type),

@@ -116,7 +116,9 @@ def check_checkpoint(ckpt: HFCheckpoint, spec: ModelSpec) -> torch.dtype:
         shape, dtype = ckpt.meta(name)
         want = hf_shape(spec, name)
         if shape != want:
-            raise CheckpointError(f"tensor {name!r} in {ckpt.path} has shape {list(shape)}, expected {list(want)}")
+            raise CheckpointError(
+                f"tensor {name!r} in {ckpt.path} has shape {list(shape)}, expected {list(want)}"
+            )
         if dtype is None or not dtype.is_floating_point:
             raise CheckpointError(f"tensor {name!r} in {ckpt.path} has non-float dtype {dtype}")
         ref = expected_dtype or seen_dtype or dtype
@@ -138,9 +140,14 @@ def load_hf_into(model, spec: ModelSpec, path: str | Path, tp: int, tp_rank: int
     check_checkpoint(ckpt, spec)
     params = {global_param_name(model, n): p for n, p in model.named_parameters()}
     layers = sorted({int(n.split(".")[2]) for n in params if n.startswith("decoder.layers.")})
-    expected = set(megatron_names(spec, range(layers[0], layers[-1] + 1) if layers else range(0),
-                                  "embedding.word_embeddings.weight" in params,
-                                  "decoder.final_layernorm.weight" in params))
+    expected = set(
+        megatron_names(
+            spec,
+            range(layers[0], layers[-1] + 1) if layers else range(0),
+            "embedding.word_embeddings.weight" in params,
+            "decoder.final_layernorm.weight" in params,
+        )
+    )
     if set(params) != expected:
         raise RuntimeError(f"model parameters differ from the spec's names: {sorted(set(params) ^ expected)}")
     staged: dict[str, torch.Tensor] = {}

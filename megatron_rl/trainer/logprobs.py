@@ -41,5 +41,7 @@ def token_logprobs(
         logits = logits.masked_fill(col >= pad_from, float("-inf"))
     targets = tokens_BS[:, 1:]
     # megatron's function expects [S, B, V] / [S, B]; it is shape-agnostic in the leading dims.
-    nll = vocab_parallel_cross_entropy(logits.transpose(0, 1).contiguous(), targets.transpose(0, 1).contiguous())
+    nll = vocab_parallel_cross_entropy(
+        logits.transpose(0, 1).contiguous(), targets.transpose(0, 1).contiguous()
+    )
     return -nll.transpose(0, 1)

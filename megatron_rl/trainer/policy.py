@@ -15,6 +15,7 @@ both and make the gradient equal that of the single-process loss.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -67,12 +68,17 @@ class Policy:
 
     # ---- setup ----
     def _setup_optimizer(self, o: OptimSettings) -> None:
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         ddp_cfg = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=o.distributed_optimizer
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=o.distributed_optimizer,
         )
         self.ddp = DistributedDataParallel(config=self.config, ddp_config=ddp_cfg, module=self.model)
         ocfg = OptimizerConfig(
@@ -127,7 +133,11 @@ class Policy:
         return model(mb.tokens_BS.to(dev), mb.position_ids_BS.to(dev), attention_mask=None)
 
     def logprobs(
-        self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0, seq_len: int | None = None
+        self,
+        sequences: list[list[int]],
+        prompt_lens: list[int],
+        temperature: float = 1.0,
+        seq_len: int | None = None,
     ) -> list[torch.Tensor]:
         """Per-sequence completion log-probs (1-D float32 tensors), on every rank of the model group."""
         mbs = make_microbatches(sequences, prompt_lens, self.micro_batch_size, seq_len)
@@ -171,8 +181,13 @@ class Policy:
         extras: dict[str, list[torch.Tensor]] | None = None,
         temperature: float = 1.0,
         seq_len: int | None = None,
+        timer=None,
     ) -> dict[str, float]:
-        """One optimizer step over this DP rank's sequences. Returns metrics (grad_norm, loss, ...)."""
+        """One optimizer step over this DP rank's sequences. Returns metrics (grad_norm, loss, ...).
+
+        With a telemetry `timer`, forward/backward and the optimizer step are timed as the phases
+        `train_fwd_bwd` and `optimizer`.
+        """
         if self.optimizer is None:
             raise RuntimeError("Policy was built without an optimizer (pass optim=OptimSettings(...))")
         mbs = make_microbatches(sequences, prompt_lens, self.micro_batch_size, seq_len, extras)
@@ -186,18 +201,44 @@ class Policy:
             def loss_func(logits):
                 lp = token_logprobs(logits, mb.tokens_BS.to(logits.device), vocab, temperature, tp_rank)
                 loss, metrics = loss_fn(lp, mb)
-                return loss * scale, {"loss": loss.detach().clone(), **{k: v.detach() for k, v in metrics.items()}}
+                return loss * scale, {
+                    "loss": loss.detach().clone(),
+                    **{k: v.detach() for k, v in metrics.items()},
+                }
 
             return out, loss_func
 
         self.model.train()
         self.optimizer.zero_grad()
         self.ddp.zero_grad_buffer()
-        outs = self._run(mbs, forward_only=False, step_fn=step)
-        ok, grad_norm, _ = self.optimizer.step()
+        with timer.phase("train_fwd_bwd") if timer else nullcontext():
+            outs = self._run(mbs, forward_only=False, step_fn=step)
+        with timer.phase("optimizer") if timer else nullcontext():
+            ok, grad_norm, _ = self.optimizer.step()
         metrics: dict[str, float] = {"grad_norm": float(grad_norm) if grad_norm is not None else float("nan")}
         metrics["update_successful"] = float(bool(ok))
-        if outs:
-            for k in outs[0]:
-                metrics[k] = float(torch.stack([o[k].float().reshape(()) for o in outs]).sum())
+        metrics.update(_combine(outs))
         return metrics
+
+
+_SUMMED = {"loss", "pg_loss", "tokens"}
+
+
+def _combine(outs: list[dict]) -> dict[str, float]:
+    """Microbatch metrics -> one value each: losses (already globally normalised) and token counts
+    add up; *_max keys take the max; the rest are token-weighted means when `tokens` is reported."""
+    if not outs:
+        return {}
+    vals = {k: torch.stack([o[k].float().reshape(()) for o in outs]) for k in outs[0]}
+    w = vals.get("tokens")
+    out = {}
+    for k, v in vals.items():
+        if k in _SUMMED:
+            out[k] = float(v.sum())
+        elif k.endswith("_max"):
+            out[k] = float(v.max())
+        elif w is not None and float(w.sum()) > 0:
+            out[k] = float((v * w).sum() / w.sum())
+        else:
+            out[k] = float(v.mean())
+    return out

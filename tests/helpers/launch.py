@@ -20,8 +20,17 @@ def free_port() -> int:
 def torchrun(script: str | Path, nproc: int, args: list[str], timeout: float = 600, env: dict | None = None):
     """Run `torchrun --nproc-per-node nproc script args`; raise with the output tail on failure."""
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-        "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), *args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(script),
+        *args,
     ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)

@@ -7,13 +7,34 @@ from dataclasses import replace
 from megatron_rl.models.spec import ModelSpec
 
 QWEN2_TINY = ModelSpec(
-    name="qwen2_tiny", family="qwen2", num_layers=2, hidden_size=128, ffn_hidden_size=256,
-    num_attention_heads=4, num_query_groups=2, head_dim=32, vocab_size=100, make_vocab_size_divisible_by=32,
-    max_position_embeddings=128, rope_theta=10000.0, norm_eps=1e-6, qkv_bias=True, qk_norm=False,
-    tie_word_embeddings=False, params_dtype="fp32",
+    name="qwen2_tiny",
+    family="qwen2",
+    num_layers=2,
+    hidden_size=128,
+    ffn_hidden_size=256,
+    num_attention_heads=4,
+    num_query_groups=2,
+    head_dim=32,
+    vocab_size=100,
+    make_vocab_size_divisible_by=32,
+    max_position_embeddings=128,
+    rope_theta=10000.0,
+    norm_eps=1e-6,
+    qkv_bias=True,
+    qk_norm=False,
+    tie_word_embeddings=False,
+    params_dtype="fp32",
 )
-LLAMA_TINY_TIED = replace(QWEN2_TINY, name="llama_tiny_tied", family="llama", qkv_bias=False,
-                          tie_word_embeddings=True, rope_theta=500000.0, norm_eps=1e-5)
-QWEN3_TINY = replace(QWEN2_TINY, name="qwen3_tiny", family="qwen3", qkv_bias=False, qk_norm=True,
-                     rope_theta=1000000.0)
+LLAMA_TINY_TIED = replace(
+    QWEN2_TINY,
+    name="llama_tiny_tied",
+    family="llama",
+    qkv_bias=False,
+    tie_word_embeddings=True,
+    rope_theta=500000.0,
+    norm_eps=1e-5,
+)
+QWEN3_TINY = replace(
+    QWEN2_TINY, name="qwen3_tiny", family="qwen3", qkv_bias=False, qk_norm=True, rope_theta=1000000.0
+)
 SPECS = {s.name: s for s in (QWEN2_TINY, LLAMA_TINY_TIED, QWEN3_TINY)}

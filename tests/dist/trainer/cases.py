@@ -12,7 +12,9 @@ LOGPROB_CASES = [
     ("qwen3_tiny", 2, 2),
 ]
 TRAIN_CASES = [(2, 1), (2, 2)]  # DP2 and DP1 with 4 processes
-OPTIM = dict(lr=1e-2, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-3, clip_grad=0.5, distributed_optimizer=True)
+OPTIM = dict(
+    lr=1e-2, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-3, clip_grad=0.5, distributed_optimizer=True
+)
 TEMPERATURE = 0.8
 
 

@@ -16,6 +16,7 @@ os.environ.setdefault("MASTER_PORT", "29561")  # the test sets a free port
 
 from megatron_rl.trainer import cpu_compat  # noqa: E402
 
+
 def ok(name):
     print(f"STAGE {name} ok", flush=True)
 
@@ -41,7 +42,9 @@ def main() -> None:
         from megatron_rl.trainer.policy import OptimSettings, Policy
         from tests.helpers.specs import QWEN2_TINY
 
-        st = ParallelState(env=None, tp=1, pp=1, dp=1, tp_rank=0, pp_rank=0, dp_rank=0, device=torch.device("cpu"))
+        st = ParallelState(
+            env=None, tp=1, pp=1, dp=1, tp_rank=0, pp_rank=0, dp_rank=0, device=torch.device("cpu")
+        )
         pol = Policy(QWEN2_TINY, st, ParallelSizes(1, 1), optim=OptimSettings(lr=1e-3, clip_grad=1.0))
         ok(stage)
         stage = "forward"  # DotProductAttention -> rng tracker fork; schedules -> device='cuda'
@@ -63,7 +66,9 @@ def main() -> None:
 
         import megatron.core.inference.text_generation_controllers.text_generation_controller as tgc
 
-        assert "torch.cuda.Event" in inspect.getsource(tgc), "megatron inference no longer uses torch.cuda.Event"
+        assert "torch.cuda.Event" in inspect.getsource(tgc), (
+            "megatron inference no longer uses torch.cuda.Event"
+        )
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         b.record()

@@ -29,8 +29,9 @@ NEEDED_AT = {
 
 def _probe(patches: str) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "MASTER_PORT": str(free_port())}
-    proc = subprocess.run([sys.executable, str(PROBE), patches], capture_output=True, text=True, timeout=300,
-                          env=env, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, str(PROBE), patches], capture_output=True, text=True, timeout=300, env=env, cwd=REPO
+    )
     return proc.stdout
 
 

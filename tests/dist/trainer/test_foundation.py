@@ -76,7 +76,11 @@ def test_logprobs_match_hf_and_each_other(run, case):
     assert [g.shape for g in got] == [r.shape for r in ref]
     err_hf = max((g - r).abs().max().item() for g, r in zip(got, ref))
     assert err_hf <= 1e-5, f"{case}: max |logp - HF| = {err_hf:.2e}"
-    base = torch.load(out / f"logprobs_{spec_name}_tp1pp1.pt") if (out / f"logprobs_{spec_name}_tp1pp1.pt").exists() else None
+    base = (
+        torch.load(out / f"logprobs_{spec_name}_tp1pp1.pt")
+        if (out / f"logprobs_{spec_name}_tp1pp1.pt").exists()
+        else None
+    )
     if base is not None:
         err_tp1 = max((g - b).abs().max().item() for g, b in zip(got, base))
         assert err_tp1 <= 1e-5, f"{case}: max |logp - TP1| = {err_tp1:.2e}"
@@ -95,8 +99,13 @@ def _adamw_reference(ckpt, seqs, prompt_lens):
     loss = -sum((lp * a).sum() for lp, a in zip(lps, adv)) / tokens
     loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), OPTIM["clip_grad"])
-    opt = torch.optim.AdamW(model.parameters(), lr=OPTIM["lr"], betas=(OPTIM["adam_beta1"], OPTIM["adam_beta2"]),
-                            eps=OPTIM["adam_eps"], weight_decay=0.0)
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=OPTIM["lr"],
+        betas=(OPTIM["adam_beta1"], OPTIM["adam_beta2"]),
+        eps=OPTIM["adam_eps"],
+        weight_decay=0.0,
+    )
     opt.step()
     return {n: p.detach() for n, p in model.named_parameters()}, float(gnorm)
 

@@ -19,7 +19,16 @@ from megatron_rl.models.megatron import ParallelSizes
 from megatron_rl.trainer.hf_import import CheckpointError, load_hf_into
 from megatron_rl.trainer.parallel import init_parallel
 from megatron_rl.trainer.policy import OptimSettings, Policy
-from tests.dist.trainer.cases import LOGPROB_CASES, OPTIM, TEMPERATURE, TRAIN_CASES, advantages, batch, reinit, train_loss
+from tests.dist.trainer.cases import (
+    LOGPROB_CASES,
+    OPTIM,
+    TEMPERATURE,
+    TRAIN_CASES,
+    advantages,
+    batch,
+    reinit,
+    train_loss,
+)
 from tests.helpers.specs import SPECS
 
 OUT, CKPTS = Path(sys.argv[1]), Path(sys.argv[2])
@@ -61,7 +70,9 @@ def main() -> None:
         mine = slice(st.dp_rank * n, (st.dp_rank + 1) * n)
         global_tokens = float(sum(len(s) - p for s, p in zip(seqs, prompt_lens)))
         adv = advantages(seqs, prompt_lens)[mine]
-        metrics = pol.train_step(seqs[mine], prompt_lens[mine], train_loss(global_tokens), extras={"adv": adv})
+        metrics = pol.train_step(
+            seqs[mine], prompt_lens[mine], train_loss(global_tokens), extras={"adv": adv}
+        )
         full = gather_full(pol, st)
         if st.tp_rank == 0 and st.dp_rank == 0:
             torch.save(full, OUT / f"params_tp{tp}pp{pp}_stage{st.pp_rank}.pt")

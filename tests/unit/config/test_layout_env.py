@@ -33,13 +33,32 @@ def test_pp_stage_layers_even_and_uneven():
 
 
 def test_slurm_and_torchrun_map_to_the_same_ranks():
-    torchrun = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
-                "MASTER_ADDR": "gpu003", "MASTER_PORT": "29500"}
-    slurm = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NNODES": "2",
-             "SLURM_NTASKS_PER_NODE": "4(x2)", "SLURM_JOB_NODELIST": "gpu[003-004]", "MASTER_PORT": "29500"}
+    torchrun = {
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "gpu003",
+        "MASTER_PORT": "29500",
+    }
+    slurm = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_NNODES": "2",
+        "SLURM_NTASKS_PER_NODE": "4(x2)",
+        "SLURM_JOB_NODELIST": "gpu[003-004]",
+        "MASTER_PORT": "29500",
+    }
     a, b = from_env(torchrun), from_env(slurm)
     assert (a.rank, a.world_size, a.local_rank, a.local_world_size, a.master_addr, a.master_port) == (
-        b.rank, b.world_size, b.local_rank, b.local_world_size, b.master_addr, b.master_port)
+        b.rank,
+        b.world_size,
+        b.local_rank,
+        b.local_world_size,
+        b.master_addr,
+        b.master_port,
+    )
     assert a.node_rank == b.node_rank == 1
 
 

@@ -17,7 +17,10 @@ def test_recursive_glob_finds_every_recipe():
     found = sorted(RECIPES_DIR.rglob("*.yaml"))
     assert len(found) == EXPECTED_RECIPES, [p.name for p in found]
     assert set(shipped_recipes()) >= {
-        "grpo_tiny_cpu", "grpo_qwen2.5-32b_32n8g", "grpo_llama3.1-70b_8n8g", "grpo_qwen2.5-7b_1n8g",
+        "grpo_tiny_cpu",
+        "grpo_qwen2.5-32b_32n8g",
+        "grpo_llama3.1-70b_8n8g",
+        "grpo_qwen2.5-7b_1n8g",
     }
 
 
@@ -32,7 +35,12 @@ def test_recipe_composes_and_validates(name):
 
 def test_reference_recipe_numbers():
     r = load_recipe("grpo_qwen2.5-32b_32n8g")
-    assert (r.model.num_layers, r.model.hidden_size, r.model.num_query_groups, r.model.head_dim) == (64, 5120, 8, 128)
+    assert (r.model.num_layers, r.model.hidden_size, r.model.num_query_groups, r.model.head_dim) == (
+        64,
+        5120,
+        8,
+        128,
+    )
     assert (r.data.prompts_per_step, r.rollout.samples_per_prompt, r.algorithm.minibatches) == (512, 8, 4)
     assert (r.cluster.nodes, r.cluster.gpus_per_node, r.reward.pool_cores) == (32, 8, 1024)
     assert r.algorithm.kl_coef > 0 and r.steps == 600 and r.plan.target_hours == 48
@@ -86,13 +94,16 @@ def test_unknown_key_and_wrong_type_fail_at_load(tmp_path):
         load_recipe("grpo_tiny_cpu", ["layout.tp=two"])
     typo = tmp_path / "typo.yaml"
     typo.write_text("defaults:\n  - /base\n  - _self_\nname: typo\nrollout:\n  temperatur: 0.7\n")
-    with pytest.raises((ConfigKeyError, ValidationError, ConfigCompositionException, KeyError), match="temperatur"):
+    with pytest.raises(
+        (ConfigKeyError, ValidationError, ConfigCompositionException, KeyError), match="temperatur"
+    ):
         load_recipe(str(typo))
 
 
 def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "megatron_rl.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "megatron_rl.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 def test_cp_copy_runs_even_under_the_shipped_name(tmp_path):

@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from megatron_rl.models.hf import (
-    all_hf_names, hf_shape, hf_to_megatron_full, hf_to_megatron_shard, megatron_full_to_hf, tp_shard, tp_unshard,
+    all_hf_names,
+    hf_shape,
+    hf_to_megatron_full,
+    hf_to_megatron_shard,
+    megatron_full_to_hf,
+    tp_shard,
+    tp_unshard,
 )
 from tests.helpers.specs import LLAMA_TINY_TIED, QWEN2_TINY, QWEN3_TINY
 
@@ -66,4 +72,9 @@ def test_vocab_padding_rows_are_zero_and_removed_on_export():
     hf = _random_hf(spec)
     full = hf_to_megatron_full(spec, "embedding.word_embeddings.weight", hf, 128)
     assert full.shape == (128, 128) and torch.all(full[100:] == 0)
-    assert megatron_full_to_hf(spec, "embedding.word_embeddings.weight", full)["model.embed_tokens.weight"].shape[0] == 100
+    assert (
+        megatron_full_to_hf(spec, "embedding.word_embeddings.weight", full)[
+            "model.embed_tokens.weight"
+        ].shape[0]
+        == 100
+    )

@@ -1,0 +1,81 @@
+"""One step's scored samples -> advantages -> per-DP-rank minibatches with their per-token tensors.
+
+Every rank holds the whole step's samples (they are small: token ids and a few floats), so global
+normalisers (tokens or sequences of a minibatch over all DP ranks) are computed locally and
+identically everywhere, with no extra collective.
+
+Sample order is prompt-major (the n samples of a prompt adjacent), which group advantages need.
+The assignment to DP ranks and minibatches comes from a permutation seeded by (seed, step), so it
+is the same on every rank and after a resume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from megatron_rl.algorithms import group_advantages, loss_normalizer, overlong_penalty
+
+
+@dataclass
+class ScoredSample:
+    prompt_index: int  # global prompt index within the step
+    sample_index: int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]  # the engine's, under the rollout convention
+    truncated: bool
+    version: int
+    reward: float
+    status: str
+
+    @property
+    def sequence(self) -> list[int]:
+        return self.prompt_ids + self.token_ids
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+
+def shaped_rewards(samples: list[ScoredSample], algo, max_new_tokens: int) -> torch.Tensor:
+    """Rewards [G], with the over-long length penalty added when the recipe asks for it."""
+    r = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    if algo.overlong == "penalty" and algo.overlong_penalty_tokens > 0:
+        lengths = torch.tensor([len(s.token_ids) for s in samples], dtype=torch.float32)
+        r = r + overlong_penalty(lengths, max_new_tokens, algo.overlong_penalty_tokens)
+    return r
+
+
+def advantages_for(samples: list[ScoredSample], n: int, algo, max_new_tokens: int) -> torch.Tensor:
+    return group_advantages(
+        shaped_rewards(samples, algo, max_new_tokens), n, std_norm=algo.advantage_std_norm
+    )
+
+
+def assign(num_samples: int, dp: int, minibatches: int, seed: int, step: int) -> list[list[list[int]]]:
+    """[minibatch][dp_rank] -> sample indices; identical on every rank."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    order = torch.randperm(num_samples, generator=g).tolist()
+    per_mb = num_samples // minibatches
+    out = []
+    for j in range(minibatches):
+        chunk = order[j * per_mb : (j + 1) * per_mb]
+        per_rank = len(chunk) // dp
+        out.append([sorted(chunk[d * per_rank : (d + 1) * per_rank]) for d in range(dp)])
+    return out
+
+
+def loss_mask_keep(samples: list[ScoredSample], algo) -> list[float]:
+    """Per-sample 0/1: over-long (truncated) samples are left out of the loss with overlong=mask."""
+    return [0.0 if (algo.overlong == "mask" and s.truncated) else 1.0 for s in samples]
+
+
+def global_normaliser(samples: list[ScoredSample], indices: list[int], keep: list[float], mode: str) -> float:
+    """The minibatch's loss denominator over all DP ranks (tokens or sequences with a valid token)."""
+    lengths = [len(samples[i].token_ids) if keep[i] else 0 for i in indices]
+    mask = torch.zeros(len(indices), max(max(lengths, default=1), 1))
+    for b, n in enumerate(lengths):
+        mask[b, :n] = 1.0
+    return float(loss_normalizer(mask, mode))

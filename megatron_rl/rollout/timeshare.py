@@ -1,0 +1,120 @@
+"""Time-sharing one device between the trainer and the colocated engine.
+
+Per step, colocated:
+
+    to_rollout:  trainer offloads optimizer state and gradient buffers
+                 -> engine wakes its weights -> publish the new version -> engine wakes its KV cache
+    (generate)
+    to_train:    engine sleeps (weights offloaded or discarded, KV cache freed)
+                 -> trainer brings optimizer state and gradient buffers back
+    (old log-probs, train)
+
+Waking the weights before the KV cache lets the publication land while the KV cache does not yet
+hold memory. The model parameters themselves stay on the device: scoring the samples needs them.
+
+On GPU the trainer side uses megatron-core's own RL hooks (`MegatronOptimizer.offload_to_cpu` /
+`restore_from_cpu`, `DistributedDataParallel.offload_grad_buffers` / `restore_grad_buffers`). On CPU
+trainer and engine share host memory, so moving state "to the host" frees nothing and the engine
+cannot sleep: both sides log that once and do nothing; the memory of each phase is still recorded.
+
+Memory is reported through a hook the loop supplies, `on_memory(phase, snapshot)`; the telemetry
+(max over ranks, the step record) is the loop's.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+from collections.abc import Callable
+
+import torch
+
+from megatron_rl.rollout.types import Engine
+
+log = logging.getLogger(__name__)
+
+MemoryHook = Callable[[str, dict[str, float]], None]
+GIB = 2**30
+
+
+def memory_snapshot() -> dict[str, float]:
+    """Device memory on GPU (allocator and whole device, so vLLM's own pool counts), RSS on CPU."""
+    if torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
+        return dict(
+            device_used_gib=(total - free) / GIB,
+            allocated_gib=torch.cuda.memory_allocated() / GIB,
+            reserved_gib=torch.cuda.memory_reserved() / GIB,
+            peak_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
+        )
+    import psutil
+
+    return dict(
+        rss_gib=psutil.Process().memory_info().rss / GIB,
+        peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB,
+    )
+
+
+def offload_trainer(optimizer, ddp) -> bool:
+    """Move optimizer state and free gradient buffers; True if device memory was released."""
+    if not torch.cuda.is_available():
+        return False
+    if optimizer is not None:
+        optimizer.offload_to_cpu()
+    if ddp is not None:
+        ddp.offload_grad_buffers()
+    return True
+
+
+def restore_trainer(optimizer, ddp) -> bool:
+    """Inverse of offload_trainer (gradient buffers come back zeroed)."""
+    if not torch.cuda.is_available():
+        return False
+    if ddp is not None:
+        ddp.restore_grad_buffers()
+    if optimizer is not None:
+        optimizer.restore_from_cpu()
+    return True
+
+
+class TimeShare:
+    """Switches the device between rollout and training, recording memory at each switch."""
+
+    def __init__(self, engine: Engine, optimizer=None, ddp=None, on_memory: MemoryHook | None = None):
+        self.engine, self.optimizer, self.ddp = engine, optimizer, ddp
+        self.on_memory = on_memory
+        self._told = False
+
+    def _record(self, phase: str) -> None:
+        if self.on_memory is not None:
+            self.on_memory(phase, memory_snapshot())
+
+    def _note_cpu(self) -> None:
+        if not self._told and not torch.cuda.is_available():
+            log.info(
+                "time-sharing on CPU: trainer and engine share host memory, so no state is offloaded and the "
+                "engine does not sleep; memory per phase is still recorded"
+            )
+            self._told = True
+
+    def to_rollout(self, publish: Callable[[], None] | None = None) -> None:
+        """Trainer offloads, engine wakes weights, `publish()` runs, engine wakes its KV cache."""
+        self._note_cpu()
+        self._record("train_end")
+        offload_trainer(self.optimizer, self.ddp)
+        self._record("trainer_offloaded")
+        self.engine.wake_up(["weights"])
+        if publish is not None:
+            publish()
+        self._record("published")
+        self.engine.wake_up(["kv_cache"])
+        self._record("rollout_start")
+
+    def to_train(self) -> None:
+        """Engine sleeps, trainer restores optimizer state and gradient buffers."""
+        self._note_cpu()
+        self._record("rollout_end")
+        self.engine.sleep()
+        self._record("engine_asleep")
+        restore_trainer(self.optimizer, self.ddp)
+        self._record("train_start")

@@ -1,0 +1,399 @@
+"""The vLLM rollout engine: one adapter for the official GPU build and the pinned CPU build.
+
+Colocated SPMD: every process of the torchrun/srun job constructs its part of an engine at the same
+time (construction is collective over the existing torch world: an engine on one rank only hangs).
+With torch.distributed up, the engine uses `distributed_executor_backend="external_launcher"`: ranks
+[k*tp, (k+1)*tp) form engine k, and every rank of an engine must submit identical requests and step
+in lockstep (each step runs the TP collectives). Without torch.distributed it is a single in-process
+engine (tp must be 1).
+
+Generation submits each of the n samples of a prompt as its own request with its own seed, so each
+finishes on its own (a parent request with n > 1 is returned only when all its children are done)
+and is yielded at once; per-request seeds make samples reproducible and identical across the ranks
+of an engine. Seeds mix (engine seed, engine index, call, prompt, sample), so engines differ.
+
+Weights: an engine started from a directory that holds only config.json (`load_format="dummy"`) has
+no policy until the first `update_weights`; generation refuses to run before it. `update_weights`
+reloads whole fused groups in place and then resets the prefix cache, without which a prompt longer
+than one KV block keeps reusing KV computed with the old weights.
+
+Sleep: the GPU build frees memory (level 1 offloads weights to host, level 2 discards them; the KV
+cache is dropped at both); wake_up brings back "weights" then "kv_cache", so a publication can land
+between the two without the KV cache occupying memory. The CPU build has no sleep mode: `sleep()`
+logs that and returns False; nothing is freed there and nothing pretends to be.
+
+Process side effects (global RNG, thread count, NUMA, shm names): see rollout/process.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from megatron_rl.rollout.process import make_shm_names_job_unique, prepare_env, preserved_rng
+from megatron_rl.rollout.types import LOGPROBS_MODES, Sample, SamplingSettings
+from megatron_rl.rollout.weights import group_fused
+
+log = logging.getLogger(__name__)
+
+WAKE_TAGS = ("weights", "kv_cache")
+
+
+def request_seed(*parts: int) -> int:
+    """A 63-bit seed from integers, stable across processes and Python versions (unlike hash())."""
+    digest = hashlib.blake2b(json.dumps(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def engine_dtype(model_dir: Path, dtype: str | None) -> str:
+    """The explicit dtype to run in: the recipe's (fp32/bf16/fp16) or the checkpoint's config.json.
+
+    Never vLLM's "auto": it runs a float32 checkpoint in half precision (measured here: log-probs off
+    by ~1e-2 nats from the fp32 trainer), which the log-prob check would then report as a mismatch.
+    """
+    if dtype is None:
+        cfg = json.loads((model_dir / "config.json").read_text())
+        dtype = cfg.get("dtype") or cfg.get("torch_dtype")
+        if dtype is None:
+            raise ValueError(f"{model_dir}/config.json names no dtype; pass dtype= (model.params_dtype)")
+    dtype = _DTYPES.get(dtype, dtype)
+    if dtype not in _DTYPES.values():
+        raise ValueError(
+            f"engine dtype must be one of {sorted(_DTYPES) + sorted(_DTYPES.values())}; got {dtype!r}"
+        )
+    return dtype
+
+
+def _max_model_len(model_dir: Path, requested: int | None) -> int:
+    if requested is not None:
+        return requested
+    cfg = json.loads((model_dir / "config.json").read_text())
+    return int(cfg["max_position_embeddings"])
+
+
+class VLLMEngine:
+    """A rollout engine (rollout.types.Engine) backed by vLLM, living inside the trainer's process."""
+
+    def __init__(
+        self,
+        cfg,  # config.schema.RolloutConfig
+        model_dir: str | Path,
+        tp: int = 1,
+        seed: int = 0,
+        *,
+        load_format: str = "dummy",
+        dtype: str | None = None,
+        max_model_len: int | None = None,
+    ):
+        import torch.distributed as dist
+
+        if cfg.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"rollout.logprobs_mode must be one of {LOGPROBS_MODES}; got {cfg.logprobs_mode!r}"
+            )
+        model_dir = Path(model_dir)
+        if not (model_dir / "config.json").exists():
+            raise FileNotFoundError(
+                f"{model_dir} holds no config.json: the engine starts from an HF model directory "
+                "(config.json alone is enough with load_format='dummy')"
+            )
+        self.cfg = cfg
+        self.tp = tp
+        self.sampling = SamplingSettings.from_config(cfg)
+        self.logprobs_mode = cfg.logprobs_mode
+        self.on_gpu = torch.cuda.is_available()
+        self.sleep_level = cfg.sleep_level
+        self.seed = seed
+        self.max_model_len = _max_model_len(model_dir, max_model_len)
+        prepare_env()
+
+        kwargs: dict = dict(
+            model=str(model_dir),
+            skip_tokenizer_init=True,  # prompts are token ids; the recipe owns its tokenizer
+            tensor_parallel_size=tp,
+            dtype=engine_dtype(model_dir, dtype),
+            seed=seed,
+            max_model_len=self.max_model_len,
+            enforce_eager=cfg.enforce_eager,
+            logprobs_mode=cfg.logprobs_mode,
+            load_format=load_format,
+        )
+        if dist.is_initialized():
+            world, rank = dist.get_world_size(), dist.get_rank()
+            if world % tp:
+                raise ValueError(
+                    f"world size {world} is not divisible by the engine TP {tp} (layout.engine_tp)"
+                )
+            kwargs["distributed_executor_backend"] = "external_launcher"
+            self.engine_index = rank // tp
+        else:
+            if tp != 1:
+                raise ValueError(
+                    f"engine TP {tp} needs one process per TP rank: launch with torchrun and call "
+                    "torch.distributed.init_process_group before building the engine"
+                )
+            self.engine_index = 0
+        if self.on_gpu:
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = True
+        else:
+            if kwargs.get("distributed_executor_backend"):
+                make_shm_names_job_unique()
+            if cfg.kv_cache_bytes > 0:
+                kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
+
+        from vllm import LLM
+
+        started = time.perf_counter()
+        with preserved_rng():
+            self.llm = LLM(**kwargs)
+        self.start_s = time.perf_counter() - started
+        self._engine = self.llm.llm_engine
+        # A dummy-initialised engine holds random weights, not a policy: version -1 until published.
+        self.version = -1 if load_format == "dummy" else 0
+        self._weights_valid = load_format != "dummy"
+        self._calls = 0
+        self._streaming = False
+        self._asleep = False
+        self._told_no_sleep = False
+        self.last_stream: dict[str, float] = {}
+        log.info("vLLM engine %d (TP %d) up in %.1f s", self.engine_index, tp, self.start_s)
+
+    # ---- generation -------------------------------------------------------------------------
+    def _params(self, s: SamplingSettings, max_tokens: int, seed: int):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            n=1,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_tokens=max_tokens,
+            stop_token_ids=list(s.stop_token_ids),
+            logprobs=0,  # the sampled token's log-prob only
+            seed=seed,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    def _check_ready(self) -> None:
+        if self._asleep:
+            raise RuntimeError(
+                "the engine is asleep: call wake_up() (weights, then kv_cache) before generating"
+            )
+        if not self._weights_valid:
+            raise RuntimeError(
+                "the engine holds no policy weights (dummy init or a level-2 sleep): publish a version with "
+                "update_weights() before generating"
+            )
+        if self._streaming:
+            raise RuntimeError("a generate_stream() of this engine is still open: consume or close it first")
+
+    def generate_stream(
+        self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSettings | None = None,
+        call_id: int | None = None,
+    ) -> Iterator[Sample]:
+        """Yield finished samples as they finish. Every rank of an engine must consume the whole stream."""
+        self._check_ready()
+        s = sampling or self.sampling
+        if n < 1:
+            raise ValueError(f"n (samples per prompt) must be >= 1; got {n}")
+        # Request seeds derive from (seed, engine, call, prompt, sample). The loop passes the step as
+        # call_id so a resumed run draws exactly the samples the uninterrupted run would have.
+        call = self._calls if call_id is None else call_id
+        self._calls += 1
+        requests = []
+        for pi, prompt in enumerate(prompts):
+            ids = [int(t) for t in prompt]
+            if not ids:
+                raise ValueError(f"prompt {pi} is empty")
+            room = self.max_model_len - len(ids)
+            if room < 1:
+                raise ValueError(
+                    f"prompt {pi} has {len(ids)} tokens, leaving no room under max_model_len={self.max_model_len}; "
+                    "shorten it (data.max_prompt_tokens) or raise the engine's max_model_len"
+                )
+            # The length cap: a sample stops at max_new_tokens or at the context end, whichever is first,
+            # and is then reported truncated (finish reason "length").
+            max_tokens = min(s.max_new_tokens, room)
+            for si in range(n):
+                seed = request_seed(self.seed, self.engine_index, call, pi, si)
+                requests.append((f"c{call}-p{pi}-s{si}", ids, pi, si, self._params(s, max_tokens, seed)))
+        return self._stream(requests)
+
+    def _stream(self, requests) -> Iterator[Sample]:
+        # Runs at the first next(): the checks and the version are taken when requests enter the engine.
+        self._check_ready()
+        engine = self._engine
+        version = self.version
+        by_id = {rid: (ids, pi, si) for rid, ids, pi, si, _ in requests}
+        with preserved_rng():
+            token_prompts = [{"prompt_token_ids": ids} for _, ids, _, _, _ in requests]
+            renderer = getattr(engine, "renderer", None)  # builds without it take the raw token prompt
+            rendered = renderer.render_cmpl(token_prompts) if renderer is not None else token_prompts
+            for (rid, _, _, _, params), prompt in zip(requests, rendered):
+                engine.add_request(rid, prompt, params)
+        self._streaming = True
+        pending = set(by_id)
+        started = time.perf_counter()
+        tokens = 0
+        first_s = None
+        try:
+            while pending:
+                if not engine.has_unfinished_requests():
+                    raise RuntimeError(f"the engine dropped {len(pending)} requests without finishing them")
+                with preserved_rng():
+                    outputs = engine.step()
+                for out in outputs:
+                    if not out.finished or out.request_id not in pending:
+                        continue
+                    pending.discard(out.request_id)
+                    ids, pi, si = by_id[out.request_id]
+                    sample = _to_sample(out, ids, pi, si, version)
+                    tokens += len(sample.token_ids)
+                    if first_s is None:
+                        first_s = time.perf_counter() - started
+                    yield sample
+        finally:
+            if pending:  # the consumer stopped early: free the engine for the next call
+                engine.abort_request(sorted(pending))
+            self._streaming = False
+            seconds = time.perf_counter() - started
+            self.last_stream = dict(
+                samples=len(by_id) - len(pending),
+                tokens=tokens,
+                seconds=seconds,
+                first_sample_s=first_s if first_s is not None else float("nan"),
+                tokens_per_s=tokens / seconds if seconds > 0 else float("nan"),
+            )
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSettings | None = None):
+        """All samples, ordered by (prompt, sample): the blocking form of generate_stream."""
+        out = list(self.generate_stream(prompts, n, sampling))
+        return sorted(out, key=lambda x: (x.prompt_index, x.sample_index))
+
+    # ---- weights ----------------------------------------------------------------------------
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Reload full HF-named tensors in place (whole fused groups per call), reset the prefix cache."""
+        if self._streaming:
+            raise RuntimeError(
+                "update_weights() while a generation stream is open would change weights mid-sample"
+            )
+        if version <= self.version:
+            raise ValueError(f"version {version} is not newer than the active version {self.version}")
+        groups = group_fused(named_tensors)
+        if not groups:
+            raise ValueError(f"publication of version {version} holds no tensors")
+        for group in groups:
+            self.llm.collective_rpc(
+                "reload_weights", kwargs=dict(weights_iterator=iter(group), is_checkpoint_format=True)
+            )
+        self._reset_prefix_cache()
+        self.version = version
+        self._weights_valid = True
+
+    def update_weights_inplace(self, named_params: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """GPU: copy tensors already in vLLM's layout (vLLM names, this rank's TP slice) into the live
+        parameters, keeping their storage (captured CUDA graphs stay valid); then reset the prefix cache.
+
+        Not on the CPU build: there the linear weights are repacked into oneDNN handles after loading
+        (their Parameters have size 0), so only `update_weights` (a reload) reaches them.
+        """
+        if not self.on_gpu:
+            raise RuntimeError(
+                "in-place delivery writes vLLM's parameters directly, which the CPU build repacks; publish with "
+                "delivery='loader' on CPU"
+            )
+        if self._streaming:
+            raise RuntimeError("update_weights_inplace() while a generation stream is open")
+        if version <= self.version:
+            raise ValueError(f"version {version} is not newer than the active version {self.version}")
+        params = dict(self.model.named_parameters())
+        incoming = list(named_params)
+        for name, t in incoming:  # check everything before writing anything
+            if name not in params:
+                raise KeyError(f"the engine has no parameter {name!r} (in-place delivery uses vLLM names)")
+            if tuple(params[name].shape) != tuple(t.shape):
+                raise ValueError(
+                    f"{name}: got shape {list(t.shape)}, the engine holds {list(params[name].shape)}"
+                )
+        with torch.no_grad():
+            for name, t in incoming:
+                params[name].copy_(t, non_blocking=True)
+        torch.cuda.synchronize()
+        self._reset_prefix_cache()
+        self.version = version
+        self._weights_valid = True
+
+    def _reset_prefix_cache(self) -> None:
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache (requests still running?)")
+
+    # ---- time-sharing -----------------------------------------------------------------------
+    def sleep(self) -> bool:
+        """Free the engine's memory for training (GPU); on the CPU build, log that nothing is freed."""
+        if self._streaming:
+            raise RuntimeError("sleep() while a generation stream is open")
+        if not self.on_gpu:
+            if not self._told_no_sleep:
+                log.warning(
+                    "the vLLM CPU build has no sleep mode: sleep() frees nothing, engine memory stays allocated"
+                )
+                self._told_no_sleep = True
+            return False
+        self.llm.sleep(level=self.sleep_level)
+        self._asleep = True
+        if self.sleep_level >= 2:
+            self._weights_valid = False  # discarded: a publication must come before generating again
+        return True
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> bool:
+        """Reallocate 'weights' and/or 'kv_cache' (None = both). Publish between the two to save memory."""
+        tags = list(tags) if tags is not None else list(WAKE_TAGS)
+        bad = [t for t in tags if t not in WAKE_TAGS]
+        if bad:
+            raise ValueError(f"wake_up tags must be among {WAKE_TAGS}; got {bad}")
+        if not self.on_gpu:
+            return False
+        if not self._asleep:
+            return False
+        fully_awake = self.llm.wake_up(tags=tags)
+        if fully_awake:
+            self._asleep = False
+            self._reset_prefix_cache()
+        return True
+
+    @property
+    def model(self):
+        """The live nn.Module (in-process engines only): for checks, not for writing weights on CPU."""
+        return self._engine.model_executor.driver_worker.worker.model_runner.model
+
+
+def _to_sample(out, prompt_ids: list[int], prompt_index: int, sample_index: int, version: int) -> Sample:
+    completion = out.outputs[0]
+    reason = completion.finish_reason
+    if reason not in ("stop", "length"):
+        raise RuntimeError(f"request {out.request_id} ended with finish reason {reason!r} (aborted?)")
+    token_ids = list(completion.token_ids)
+    if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
+        raise RuntimeError(f"request {out.request_id}: the engine returned no per-token log-probs")
+    logprobs = [float(pos[tok].logprob) for tok, pos in zip(token_ids, completion.logprobs)]
+    return Sample(
+        prompt_index=prompt_index,
+        sample_index=sample_index,
+        prompt_ids=list(prompt_ids),
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason=reason,
+        truncated=reason == "length",
+        version=version,
+    )

@@ -1,0 +1,63 @@
+"""HF-named tensors grouped the way vLLM fuses them, so each in-place reload sees whole groups.
+
+vLLM fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj`. An in-place reload of part of a
+fused group (say q_proj alone) is silently wrong on the CPU build: the packed kernel of the whole
+group is rebuilt from what was loaded (probe q1b, case c4). So every reload call carries complete
+groups, and a publication that splits a group is refused here, naming the missing members.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+
+_LAYER = re.compile(r"^(?P<prefix>.*\.layers\.\d+)\.(?P<leaf>.+)$")
+_QKV = re.compile(r"^self_attn\.(?P<which>[qkv])_proj\.(?P<kind>weight|bias)$")
+_GATE_UP = re.compile(r"^mlp\.(?P<which>gate|up)_proj\.weight$")
+
+
+def fused_group_key(hf_name: str) -> str:
+    """The fused group a tensor belongs to: '<layer>.qkv', '<layer>.gate_up', or the name itself."""
+    m = _LAYER.match(hf_name)
+    if m:
+        if _QKV.match(m["leaf"]):
+            return m["prefix"] + ".qkv"
+        if _GATE_UP.match(m["leaf"]):
+            return m["prefix"] + ".gate_up"
+    return hf_name
+
+
+def _required(key: str, names: set[str]) -> set[str]:
+    if key.endswith(".qkv"):
+        prefix = key[: -len(".qkv")] + ".self_attn."
+        need = {f"{prefix}{x}_proj.weight" for x in "qkv"}
+        if any(n.endswith(".bias") for n in names):
+            need |= {f"{prefix}{x}_proj.bias" for x in "qkv"}
+        return need
+    if key.endswith(".gate_up"):
+        prefix = key[: -len(".gate_up")] + ".mlp."
+        return {prefix + "gate_proj.weight", prefix + "up_proj.weight"}
+    return {key}
+
+
+def group_fused(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[list[tuple[str, torch.Tensor]]]:
+    """Group (hf_name, tensor) pairs by fused group, in first-seen order; refuse split or duplicate groups."""
+    groups: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    seen: set[str] = set()
+    for name, tensor in named_tensors:
+        if name in seen:
+            raise ValueError(f"tensor {name!r} appears twice in one publication")
+        seen.add(name)
+        groups.setdefault(fused_group_key(name), []).append((name, tensor))
+    for key, members in groups.items():
+        names = {n for n, _ in members}
+        missing = _required(key, names) - names
+        if missing:
+            raise ValueError(
+                f"fused group {key!r} is incomplete: missing {sorted(missing)}. vLLM rebuilds a fused kernel "
+                "from what one reload call carries, so q/k/v (weights and biases) of a layer, and gate/up, "
+                "must be published together"
+            )
+    return list(groups.values())

@@ -1,0 +1,137 @@
+"""Time and peak memory of every phase on every rank, reduced with MAX over ranks.
+
+A later step or a second publication can allocate more than the first, and rank 0 is rarely the
+rank that runs out of memory (the last PP stage holds the logits; an engine rank holds the KV
+cache), so each phase's peak is reset when it starts and the step record keeps the maximum over
+all ranks, next to the per-rank values.
+
+Peaks: on GPU, `torch.cuda` allocated and reserved with `reset_peak_memory_stats` per phase; on
+CPU, the resident high-water mark (VmHWM), reset per phase through /proc/self/clear_refs (Linux
+>= 4.0). Where the reset is not permitted the process-lifetime peak is reported and flagged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+PHASES = (
+    "init",
+    "generation",
+    "scoring",
+    "old_logprobs",
+    "ref_logprobs",
+    "train_fwd_bwd",
+    "optimizer",
+    "publish",
+)
+GIB = 2**30
+
+
+def _read_status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def reset_cpu_peak() -> bool:
+    """Reset VmHWM to the current RSS. Returns False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def cpu_peak_gib() -> float:
+    return _read_status_kib("VmHWM") / 2**20
+
+
+@dataclass
+class PhaseStats:
+    seconds: float = 0.0
+    mem_gib: float = 0.0  # CPU: resident peak; GPU: max allocated
+    reserved_gib: float = 0.0  # GPU only
+    calls: int = 0
+
+
+@dataclass
+class PhaseTimer:
+    """Accumulates per-phase wall time and peak memory on this rank for the current step."""
+
+    cuda: bool = field(default_factory=torch.cuda.is_available)
+    stats: dict[str, PhaseStats] = field(default_factory=dict)
+    peak_reset_ok: bool = True
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self.peak_reset_ok = reset_cpu_peak() and self.peak_reset_ok
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.cuda:
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            s = self.stats.setdefault(name, PhaseStats())
+            s.seconds += dt
+            s.calls += 1
+            if self.cuda:
+                s.mem_gib = max(s.mem_gib, torch.cuda.max_memory_allocated() / GIB)
+                s.reserved_gib = max(s.reserved_gib, torch.cuda.max_memory_reserved() / GIB)
+            else:
+                s.mem_gib = max(s.mem_gib, cpu_peak_gib())
+
+    def take(self) -> dict[str, PhaseStats]:
+        """This step's stats, and start a new step."""
+        out, self.stats = self.stats, {}
+        return out
+
+
+def reduce_over_ranks(local: dict[str, PhaseStats], names: tuple[str, ...], group=None) -> dict[str, dict]:
+    """Gather every rank's phase stats; return per phase the MAX over ranks and the per-rank lists.
+
+    Collective: every rank calls it with the same `names`. Phases a rank did not run count as 0 there.
+    """
+    import torch.distributed as dist
+
+    vals = torch.tensor(
+        [
+            [
+                local.get(n, PhaseStats()).seconds,
+                local.get(n, PhaseStats()).mem_gib,
+                local.get(n, PhaseStats()).reserved_gib,
+            ]
+            for n in names
+        ],
+        dtype=torch.float64,
+    )
+    if dist.is_initialized():
+        world = dist.get_world_size(group)
+        bufs = [torch.zeros_like(vals) for _ in range(world)]
+        dist.all_gather(bufs, vals, group=group)
+    else:
+        bufs = [vals]
+    stacked = torch.stack(bufs)  # [rank, phase, 3]
+    out = {}
+    for i, n in enumerate(names):
+        col = stacked[:, i, :]
+        out[n] = {
+            "seconds": float(col[:, 0].max()),
+            "mem_gib": float(col[:, 1].max()),
+            "reserved_gib": float(col[:, 2].max()),
+            "seconds_by_rank": [round(float(x), 6) for x in col[:, 0]],
+            "mem_gib_by_rank": [round(float(x), 6) for x in col[:, 1]],
+        }
+    return out

@@ -1,0 +1,172 @@
+"""GRPO, top to bottom. One process per GPU (torchrun or srun); every rank runs this same file.
+
+    torchrun --nproc-per-node 2 -m megatron_rl.train grpo_tiny_cpu [overrides...]
+
+Each step:
+  1. generate n samples per prompt with the published policy; every finished sample is scored at
+     once in the sandboxed reward pool, while the engine keeps generating;
+  2. group-relative advantages (per prompt, over its n samples);
+  3. old-policy log-probs (before the first update; they also check the engine's log-probs) and
+     reference log-probs (frozen copy; skipped when the KL coefficient is 0);
+  4. k minibatches, one optimizer step each: clipped surrogate + KL to the reference;
+  5. publish: reshard the trainer's shards into the engines' layout, in memory; stage, validate,
+     activate. The next step samples from this version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from megatron_rl.algorithms import grpo_loss
+from megatron_rl.checkpoint.preempt import EXIT_REQUEUE, Preemption
+from megatron_rl.config.load import load_recipe
+from megatron_rl.config.validate import validate_recipe
+from megatron_rl.loop import components
+from megatron_rl.loop.collect import CollectStats, engine_prompts, gather_all, generate_and_score
+from megatron_rl.loop.rl_batch import advantages_for, assign, global_normaliser, loss_mask_keep
+from megatron_rl.loop.run import Run, seed_everything
+from megatron_rl.loop.summary import reward_stats, step_metrics
+from megatron_rl.rollout.logprob_check import compare
+from megatron_rl.trainer.build import build_policy, frozen_copy
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    recipe = validate_recipe(load_recipe(args.recipe, args.overrides))
+    cfg, algo, ro = recipe, recipe.algorithm, recipe.rollout
+    seed_everything(cfg.seed)
+    run = Run(cfg)
+
+    # ---- setup: trainer, reference, engines, reward pool, publisher; publish version 0 ----
+    with run.phase("init"):
+        policy = build_policy(cfg, run.state, with_optimizer=True)
+        reference = frozen_copy(policy, cfg, run.state) if algo.kl_coef > 0 else None
+        engine, engine_index, is_leader = components.build_engine(cfg, run)
+        task = components.build_task(cfg)
+        pool = components.build_reward_pool(cfg, is_leader)
+        publisher = components.build_publisher(cfg, run, engine)
+        checkpointer = components.build_checkpointer(cfg, run)
+        save_every = components.checkpoint_interval(cfg)
+        start = components.resume(cfg, run, policy, reference, task)  # 0 unless a checkpoint is found
+        preemption = Preemption()
+    with run.phase("publish"):  # version start + 1: what step `start` samples from
+        publisher.next_version = start + 1
+        publisher.publish(policy.named_parameters_global(), step=start)
+    run.start_progress(start)
+    preempted = False
+
+    for step in range(start, cfg.steps):
+        # 1. generate and score (streamed), then every rank sees every sample
+        prompts = task.draw(cfg.data.prompts_per_step)
+        mine = engine_prompts(len(prompts), engine_index, cfg.layout.engine_count)
+        stats = CollectStats()
+        local = generate_and_score(
+            engine,
+            is_leader,
+            [prompts[i] for i in mine],
+            mine,
+            ro.samples_per_prompt,
+            task,
+            pool,
+            run.timer,
+            stats,
+            call_id=step,
+        )
+        samples = gather_all(local)
+
+        # 2. group-relative advantages
+        adv = advantages_for(samples, ro.samples_per_prompt, algo, ro.max_new_tokens)
+        keep = loss_mask_keep(samples, algo)
+
+        # 3. old-policy and reference log-probs on this DP rank's samples (before any update)
+        plan = assign(len(samples), run.state.dp, algo.minibatches, cfg.seed, step)
+        mine_all = sorted(i for mb in plan for i in mb[run.state.dp_rank])
+        seqs = [samples[i].sequence for i in mine_all]
+        plens = [samples[i].prompt_len for i in mine_all]
+        temp = components.trainer_temperature(ro)
+        with run.phase("old_logprobs"):
+            old = dict(zip(mine_all, policy.logprobs(seqs, plens, temperature=temp)))
+        ref = {}
+        if reference is not None:
+            with run.phase("ref_logprobs"):
+                ref = dict(zip(mine_all, reference.logprobs(seqs, plens, temperature=temp)))
+        agreement = compare(
+            [samples[i] for i in mine_all], [old[i] for i in mine_all], ro.logprob_check_threshold
+        )
+
+        # 4. k minibatches, one optimizer step each
+        train_metrics = []
+        for mb in plan:
+            idx = mb[run.state.dp_rank]
+            norm = global_normaliser(samples, [i for d in mb for i in d], keep, algo.loss_agg)
+            extras = {
+                "adv": [torch.full((len(samples[i].token_ids),), float(adv[i])) for i in idx],
+                "old": [old[i] for i in idx],
+                "keep": [torch.full((len(samples[i].token_ids),), keep[i]) for i in idx],
+                "rollout": [torch.tensor(samples[i].logprobs) for i in idx],
+            }
+            if reference is not None:
+                extras["ref"] = [ref[i] for i in idx]
+
+            def loss_fn(lp_BT, m, norm=norm):
+                return grpo_loss(
+                    lp_BT,
+                    m.extras["old"],
+                    m.extras["adv"],
+                    m.loss_mask_BT * m.extras["keep"],
+                    clip_low=algo.clip_low,
+                    clip_high=algo.clip_high,
+                    ref_logprobs_BT=m.extras.get("ref"),
+                    kl_coef=algo.kl_coef,
+                    kl_estimator=algo.kl_estimator,
+                    loss_agg=algo.loss_agg,
+                    max_len=ro.max_new_tokens,
+                    rollout_logprobs_BT=m.extras["rollout"],
+                    truncated_is_cap=algo.truncated_is_cap,
+                    **({"global_tokens": norm} if algo.loss_agg == "token-mean" else {"global_seqs": norm}),
+                )
+
+            train_metrics.append(
+                policy.train_step(
+                    [samples[i].sequence for i in idx],
+                    [samples[i].prompt_len for i in idx],
+                    loss_fn,
+                    extras=extras,
+                    temperature=temp,
+                    timer=run.timer,
+                )
+            )
+
+        # 5. publish the updated policy: the next step samples from it
+        with run.phase("publish"):
+            publication = publisher.publish(policy.named_parameters_global(), step=step + 1)
+
+        run.record(step + 1, step_metrics(samples, stats, agreement, train_metrics, publication, run))
+        preempted = preemption.requested()
+        checkpointer.poll()
+        if components.save_due(save_every, cfg.steps, step + 1, preempted):
+            checkpointer.save(step + 1, policy, reference, components.run_state(cfg, run, task, step + 1))
+        if preempted:
+            break
+
+    checkpointer.close()
+    if run.is_main:
+        print(reward_stats(run.records), flush=True)
+    if pool is not None:
+        pool.close()
+    run.finish()
+    return EXIT_REQUEUE if preempted else 0
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="megatron-rl train", description=__doc__.split("\n\n")[0])
+    p.add_argument("recipe", help="a shipped recipe name or a path to a recipe YAML")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. steps=5 optim.lr=1e-5")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Build the policy (with optimizer) and the frozen reference from a recipe, at the recipe's layout."""
+
+from __future__ import annotations
+
+import torch
+
+from megatron_rl.models.megatron import ParallelSizes
+from megatron_rl.models.spec import ModelSpec
+from megatron_rl.trainer.hf_import import load_hf_into
+from megatron_rl.trainer.parallel import ParallelState
+from megatron_rl.trainer.policy import OptimSettings, Policy
+
+
+def parallel_sizes(layout) -> ParallelSizes:
+    return ParallelSizes(
+        tp=layout.tp,
+        pp=layout.pp,
+        sequence_parallel=layout.sequence_parallel,
+        recompute=layout.recompute,
+        pp_layers=tuple(layout.pp_layers),
+    )
+
+
+def optim_settings(o) -> OptimSettings:
+    return OptimSettings(
+        lr=o.lr,
+        min_lr=o.min_lr,
+        weight_decay=o.weight_decay,
+        adam_beta1=o.adam_beta1,
+        adam_beta2=o.adam_beta2,
+        adam_eps=o.adam_eps,
+        clip_grad=o.clip_grad,
+        distributed_optimizer=o.distributed_optimizer,
+    )
+
+
+def build_policy(recipe, state: ParallelState, with_optimizer: bool = True) -> Policy:
+    """The trainer's policy at the recipe's layout: HF weights when `model.hf_checkpoint` is set,
+    megatron-core's seeded initialisation otherwise (the tiny recipe trains from scratch)."""
+    spec = ModelSpec.from_config(recipe.model)
+    policy = Policy(
+        spec,
+        state,
+        parallel_sizes(recipe.layout),
+        optim=optim_settings(recipe.optim) if with_optimizer else None,
+        micro_batch_size=recipe.optim.micro_batch_size,
+    )
+    if recipe.model.hf_checkpoint:
+        load_hf_into(
+            policy.model, spec, recipe.model.hf_checkpoint, state.tp, state.tp_rank, policy.padded_vocab
+        )
+    return policy
+
+
+def frozen_copy(policy: Policy, recipe, state: ParallelState) -> Policy:
+    """The reference: same layout, same weights as `policy` now, no optimizer, never updated."""
+    ref = Policy(
+        policy.spec, state, parallel_sizes(recipe.layout), micro_batch_size=recipe.optim.micro_batch_size
+    )
+    src = dict(policy.named_parameters_global())
+    with torch.no_grad():
+        for name, p in ref.named_parameters_global():
+            p.copy_(src[name])
+            p.requires_grad_(False)
+    return ref

@@ -1,0 +1,59 @@
+"""Run the tiny recipe for a few steps from a test and read its step records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers.launch import REPO
+
+# Small and fast: 4 prompts x 4 samples, 2 minibatches.
+FAST = [
+    "data.prompts_per_step=4",
+    "rollout.samples_per_prompt=4",
+    "algorithm.minibatches=2",
+    "logger.progress=false",
+]
+
+
+def launch(
+    tmp: Path,
+    steps: int,
+    extra: list[str] | None = None,
+    name: str = "run",
+    wait: bool = True,
+    timeout: float = 900,
+):
+    """Start `python -m megatron_rl.launch_local grpo_tiny_cpu` with outputs under tmp."""
+    overrides = [
+        f"steps={steps}",
+        f"logger.run_dir={tmp / 'outputs'}",
+        f"checkpoint.dir={tmp / 'ckpt'}",
+        *FAST,
+        *(extra or []),
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
+        "MEGATRON_RL_RUN_NAME": name,
+        "PYTHONPATH": str(REPO),
+    }
+    cmd = [sys.executable, "-m", "megatron_rl.launch_local", "grpo_tiny_cpu", *overrides]
+    log = (tmp / f"{name}.log").open("a")
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+    )
+    if wait:
+        rc = proc.wait(timeout=timeout)
+        if rc != 0:
+            raise AssertionError(f"tiny run failed rc={rc}:\n{(tmp / f'{name}.log').read_text()[-6000:]}")
+    return proc
+
+
+def records(tmp: Path, name: str = "run") -> list[dict]:
+    path = tmp / "outputs" / name / "steps.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,134 @@
+"""One live vLLM CPU engine (its own process, ~30 s on 2 cores): streaming, the sampling convention
+against HF logits, versions, the length cap, the stale prefix cache, refusals, time-sharing on CPU.
+
+Oracle: HF transformers' Qwen2 on the same state dict (lm_head scaled 20x so next-token
+distributions are peaked and a wrong weight or cache moves log-probs far beyond rounding).
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.launch import REPO
+from tests.integration.rollout.cases import write_model_dir
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None, reason="needs the vLLM CPU build (make venv)"
+    ),
+]
+WORKER = REPO / "tests/integration/rollout/worker_engine.py"
+# fp32 engine vs fp32 HF with logits of std ~6: measured max 1.6e-5 (different kernels and summation
+# order, ~1e-6 relative); 1e-4 leaves room for other CPUs while a wrong convention shows as > 0.1.
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def r(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("engine")
+    model_dir = write_model_dir(tmp / "model")
+    out = tmp / "result.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), str(out), model_dir],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=REPO,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"worker failed (rc={proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
+    return json.loads(out.read_text())
+
+
+def test_no_generation_before_the_first_publication(r):
+    assert "publish a version" in r["before_publish"]
+
+
+@pytest.mark.parametrize("case", ["t0.7_p0.8", "t1.3", "t0.7_k5_p0.9"])
+def test_engine_logprobs_follow_the_documented_convention(r, case):
+    c = r[f"convention_{case}"]
+    assert c["max_abs_diff"] < TOL, c
+    assert c["outside_support"] == 0  # every sampled token lies in the nucleus computed by the convention
+    assert c["versions"] == [0]
+    assert max(c["distinct_per_prompt"]) > 1  # per-request seeds: the n samples of a prompt differ
+
+
+def test_streaming_yields_the_first_finished_sample_before_the_batch_ends(r):
+    s = r["stream"]
+    order = s["order"]
+    assert len(order) == 9
+    # The prompt with 10 positions of room left is capped first; its samples come out while the
+    # other six (40 tokens) are still generating.
+    assert order[0] == dict(p=1, n=10, reason="length", truncated=True)
+    assert s["unfinished_at_first"] == 6
+    assert [o["n"] for o in order] == sorted(o["n"] for o in order)
+    assert all(o["truncated"] and o["reason"] == "length" for o in order)
+    assert s["stats"]["first_sample_s"] < s["stats"]["seconds"]
+
+
+def test_stop_token_is_kept_scored_and_not_truncated(r):
+    st = r["stop"]
+    assert st["greedy_reason"] == "length"
+    first = st["greedy"].index(st["stop_id"])
+    assert st["tokens"] == st["greedy"][: first + 1]
+    assert st["reason"] == "stop" and not st["truncated"] and st["n_logprobs"] == len(st["tokens"])
+
+
+def test_open_stream_guards_and_early_close(r):
+    assert "still open" in r["open_stream_second_call"]
+    assert "mid-sample" in r["open_stream_update"]
+    assert r["after_close_unfinished"] == 0
+
+
+def test_generation_leaves_the_trainer_rng_alone(r):
+    assert r["rng_preserved"]
+
+
+def test_prefix_cache_is_reset_by_update_weights(r):
+    # Control: a push without the reset leaves KV of the old weights for the first 128-token block.
+    assert r["stale_without_reset"] > 1.0
+    assert r["fresh_after_update"] < TOL
+    assert r["fresh_greedy_equals_hf"]
+    assert r["version_after_update"] == [1]
+
+
+def test_refusals_name_the_problem(r):
+    assert "no room under max_model_len=256" in r["too_long"]
+    assert "not newer than the active version 1" in r["old_version"]
+    assert "model.layers.0.qkv" in r["split_group"] and "k_proj.weight" in r["split_group"]
+
+
+def test_timeshare_on_cpu_records_every_phase_and_frees_nothing(r):
+    t = r["timeshare"]
+    assert t["phases"] == [
+        "rollout_end",
+        "engine_asleep",
+        "train_start",
+        "train_end",
+        "trainer_offloaded",
+        "published",
+        "rollout_start",
+    ]
+    assert all(x > 0.1 for x in t["rss"])
+    assert t["sleep"] is False
+    assert r["after_timeshare"] == [2]  # the publication between the two wake-ups took effect
+
+
+def test_shm_group_names_are_job_unique(r):
+    before, after = r["shm_names"]
+    assert before.startswith("//-")  # identical for every torchrun job on the host: the collision
+    assert after == "p29123-" + before.replace("/", "")
+
+
+def test_throughput_is_recorded(r):
+    b = r["bench"]
+    assert b["samples"] == 64 and b["tokens"] == 64 * 32
+    assert b["tokens_per_s"] > 0

@@ -1,0 +1,91 @@
+"""The log-prob agreement report on samples whose differences are known by construction."""
+
+import math
+
+import pytest
+import torch
+
+from megatron_rl.rollout.logprob_check import bind_trainer_logprobs, check_samples, compare
+from megatron_rl.rollout.types import Sample, SamplingSettings
+
+
+def _sample(i, logprobs, version=3, prompt=(1, 2, 3)):
+    return Sample(
+        i, 0, list(prompt), list(range(10, 10 + len(logprobs))), list(logprobs), "stop", False, version
+    )
+
+
+def test_statistics_by_hand():
+    engine = [_sample(0, [-1.0, -2.0]), _sample(1, [-0.5, -0.5, -3.0])]
+    # diffs (trainer - engine): [0.1, -0.2] and [0, 0.7, 0]
+    trainer = [torch.tensor([-0.9, -2.2]), torch.tensor([-0.5, 0.2, -3.0])]
+    r = compare(engine, trainer, threshold=0.5)
+    diffs = [0.1, -0.2, 0.0, 0.7, 0.0]
+    assert r["version"] == 3 and r["sequences"] == 2 and r["tokens"] == 5
+    assert r["mean_abs_diff"] == pytest.approx(sum(abs(d) for d in diffs) / 5)
+    assert r["max_abs_diff"] == pytest.approx(0.7)
+    ratios = sorted(math.exp(d) for d in diffs)
+    assert r["ratio_mean"] == pytest.approx(sum(ratios) / 5)
+    assert r["ratio_max"] == pytest.approx(math.exp(0.7))
+    assert r["ratio_min"] == pytest.approx(math.exp(-0.2))
+    # torch.quantile interpolates linearly: p99 lies 0.96 of the way from the 4th to the 5th ratio.
+    assert r["ratio_p99"] == pytest.approx(ratios[3] + 0.96 * (ratios[4] - ratios[3]))
+    assert r["beyond_threshold"] == [1]
+    assert r["nonfinite_tokens"] == 0
+
+
+def test_a_token_outside_the_trainer_support_is_flagged_not_averaged():
+    engine = [_sample(0, [-1.0, -1.0]), _sample(1, [-1.0])]
+    trainer = [torch.tensor([-1.0, float("-inf")]), torch.tensor([-1.0])]
+    r = compare(engine, trainer, threshold=0.5)
+    assert r["nonfinite_tokens"] == 1
+    assert r["max_abs_diff"] == 0.0
+    assert r["beyond_threshold"] == [0]
+
+
+def test_misaligned_or_mixed_input_is_refused():
+    with pytest.raises(ValueError, match="sequence 0: trainer gave 3 log-probs for 2 engine tokens"):
+        compare([_sample(0, [-1.0, -1.0])], [torch.zeros(3)], 0.5)
+    with pytest.raises(ValueError, match="versions \\[1, 2\\]"):
+        compare([_sample(0, [-1.0], version=1), _sample(1, [-1.0], version=2)], [torch.zeros(1)] * 2, 0.5)
+
+
+def _bigram_logprobs(sequences, prompt_lens, temperature=1.0):
+    """A real (tiny) language model: log p(next | prev) from a fixed bigram table, teacher-forced."""
+    g = torch.Generator().manual_seed(0)
+    table = torch.log_softmax(torch.randn(32, 32, generator=g) / temperature, -1)
+    return [table[torch.tensor(s[p - 1 : -1]), torch.tensor(s[p:])] for s, p in zip(sequences, prompt_lens)]
+
+
+def test_check_samples_aligns_completion_positions():
+    # "Engine" samples scored by the same bigram model agree exactly; a one-position shift does not.
+    prompts, completions = [[1, 2, 3], [4, 5]], [[7, 8, 9, 10], [11]]
+    lps = _bigram_logprobs([p + c for p, c in zip(prompts, completions)], [3, 2], temperature=0.7)
+    samples = [
+        Sample(i, 0, p, c, lp.tolist(), "length", True, 0)
+        for i, (p, c, lp) in enumerate(zip(prompts, completions, lps))
+    ]
+    fn = bind_trainer_logprobs(_bigram_logprobs, "processed_logprobs", SamplingSettings(temperature=0.7))
+    r = check_samples(samples, fn, threshold=1e-6)
+    assert r["max_abs_diff"] < 1e-6 and r["beyond_threshold"] == []
+
+    def shifted(sequences, prompt_lens, temperature=1.0):
+        return [torch.cat([x[1:], x[:1]]) for x in _bigram_logprobs(sequences, prompt_lens, temperature)]
+
+    fn_bad = bind_trainer_logprobs(shifted, "processed_logprobs", SamplingSettings(temperature=0.7))
+    assert check_samples(samples, fn_bad, threshold=1e-3)["beyond_threshold"] == [0]
+
+
+def test_binding_follows_the_mode_and_refuses_truncated_support():
+    seen = {}
+
+    def record(sequences, prompt_lens, temperature=1.0):
+        seen["T"] = temperature
+        return [torch.zeros(len(s) - p) for s, p in zip(sequences, prompt_lens)]
+
+    bind_trainer_logprobs(record, "raw_logprobs", SamplingSettings(temperature=0.7))([[1, 2]], [1])
+    assert seen["T"] == 1.0
+    bind_trainer_logprobs(record, "processed_logprobs", SamplingSettings(temperature=0.7))([[1, 2]], [1])
+    assert seen["T"] == 0.7
+    with pytest.raises(ValueError, match="top_p=0.9"):
+        bind_trainer_logprobs(record, "processed_logprobs", SamplingSettings(top_p=0.9))

@@ -1,0 +1,45 @@
+"""Publications are split into vLLM's fused groups, and a split group is refused."""
+
+import pytest
+import torch
+
+from megatron_rl.models.hf import all_hf_names
+from megatron_rl.rollout.weights import fused_group_key, group_fused
+from tests.helpers.specs import LLAMA_TINY_TIED, QWEN2_TINY
+
+
+def _named(names):
+    return [(n, torch.zeros(1)) for n in names]
+
+
+@pytest.mark.parametrize("spec", [QWEN2_TINY, LLAMA_TINY_TIED], ids=lambda s: s.name)
+def test_every_model_tensor_lands_in_exactly_one_whole_group(spec):
+    names = all_hf_names(spec)
+    groups = group_fused(_named(names))
+    assert sorted(n for g in groups for n, _ in g) == sorted(names)
+    qkv = [g for g in groups if fused_group_key(g[0][0]).endswith(".qkv")]
+    gate_up = [g for g in groups if fused_group_key(g[0][0]).endswith(".gate_up")]
+    assert len(qkv) == len(gate_up) == spec.num_layers
+    assert {len(g) for g in qkv} == {6 if spec.qkv_bias else 3}
+    assert {len(g) for g in gate_up} == {2}
+
+
+def test_group_keys():
+    assert fused_group_key("model.layers.3.self_attn.k_proj.bias") == "model.layers.3.qkv"
+    assert fused_group_key("model.layers.3.mlp.up_proj.weight") == "model.layers.3.gate_up"
+    assert (
+        fused_group_key("model.layers.3.self_attn.o_proj.weight") == "model.layers.3.self_attn.o_proj.weight"
+    )
+    assert fused_group_key("lm_head.weight") == "lm_head.weight"
+
+
+def test_split_groups_and_duplicates_are_refused():
+    names = [n for n in all_hf_names(QWEN2_TINY) if n != "model.layers.1.self_attn.v_proj.bias"]
+    with pytest.raises(
+        ValueError, match=r"model.layers.1.qkv.*missing \['model.layers.1.self_attn.v_proj.bias'\]"
+    ):
+        group_fused(_named(names))
+    with pytest.raises(ValueError, match="gate_up.*up_proj"):
+        group_fused(_named(["model.layers.0.mlp.gate_proj.weight"]))
+    with pytest.raises(ValueError, match="appears twice"):
+        group_fused(_named(["lm_head.weight", "lm_head.weight"]))
