@@ -9,14 +9,15 @@ Each step:
   3. old-policy log-probs (before the first update; they also check the engine's log-probs) and
      reference log-probs (frozen copy; skipped when the KL coefficient is 0);
   4. k minibatches, one optimizer step each: clipped surrogate + KL to the reference;
-  5. publish: reshard the trainer's shards into the engines' layout, in memory; stage, validate,
-     activate. The next step samples from this version.
+  5. publish (at the top of the next step, as the device passes back to the engine): reshard the
+     trainer's shards into the engines' layout, in memory; stage, validate, activate.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
 import torch
 
@@ -30,6 +31,7 @@ from megatron_rl.loop.rl_batch import advantages_for, assign, global_normaliser,
 from megatron_rl.loop.run import Run, seed_everything
 from megatron_rl.loop.summary import reward_stats, step_metrics
 from megatron_rl.rollout.logprob_check import compare
+from megatron_rl.rollout.timeshare import TimeShare
 from megatron_rl.trainer.build import build_policy, frozen_copy
 
 
@@ -40,11 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     seed_everything(cfg.seed)
     run = Run(cfg)
 
-    # ---- setup: trainer, reference, engines, reward pool, publisher; publish version 0 ----
+    # ---- setup: trainer, reference, engines, reward pool, publisher, checkpoints ----
     with run.phase("init"):
         policy = build_policy(cfg, run.state, with_optimizer=True)
         reference = frozen_copy(policy, cfg, run.state) if algo.kl_coef > 0 else None
         engine, engine_index, is_leader = components.build_engine(cfg, run)
+        timeshare = TimeShare(engine, policy.optimizer, policy.ddp, on_memory=run.note_memory)
         task = components.build_task(cfg)
         pool = components.build_reward_pool(cfg, is_leader)
         publisher = components.build_publisher(cfg, run, engine)
@@ -52,13 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         save_every = components.checkpoint_interval(cfg)
         start = components.resume(cfg, run, policy, reference, task)  # 0 unless a checkpoint is found
         preemption = Preemption()
-    with run.phase("publish"):  # version start + 1: what step `start` samples from
-        publisher.next_version = start + 1
-        publisher.publish(policy.named_parameters_global(), step=start)
+    publisher.next_version = start + 1  # step s samples from version s + 1
     run.start_progress(start)
     preempted = False
 
     for step in range(start, cfg.steps):
+        # 0. hand the device to the engine: the trainer offloads, the engine wakes, the policy lands
+        with run.phase("publish"):
+            publication = timeshare.to_rollout(partial(publisher.publish, policy.named_parameters_global(), step))
+
         # 1. generate and score (streamed), then every rank sees every sample
         prompts = task.draw(cfg.data.prompts_per_step)
         mine = engine_prompts(len(prompts), engine_index, cfg.layout.engine_count)
@@ -76,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             call_id=step,
         )
         samples = gather_all(local)
+        timeshare.to_train()  # the engine sleeps; the trainer takes the device back
 
         # 2. group-relative advantages
         adv = advantages_for(samples, ro.samples_per_prompt, algo, ro.max_new_tokens)
@@ -140,10 +146,6 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
 
-        # 5. publish the updated policy: the next step samples from it
-        with run.phase("publish"):
-            publication = publisher.publish(policy.named_parameters_global(), step=step + 1)
-
         run.record(step + 1, step_metrics(samples, stats, agreement, train_metrics, publication, run))
         preempted = preemption.requested()
         checkpointer.poll()
@@ -158,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     if pool is not None:
         pool.close()
     run.finish()
+    # Every rank finishes its writes before any exits: srun --kill-on-bad-exit stops the others as soon as
+    # one rank exits non-zero (EXIT_REQUEUE included).
+    torch.distributed.barrier()
     return EXIT_REQUEUE if preempted else 0
 
 

@@ -31,7 +31,7 @@ def truncated_is_weights(
 
 
 def _masked_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    return (values_BT * mask_BT).sum() / count.clamp(min=1)
+    return torch.where(mask_BT > 0, values_BT, torch.zeros_like(values_BT)).sum() / count.clamp(min=1)
 
 
 def clipped_surrogate(

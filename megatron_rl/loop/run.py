@@ -47,6 +47,7 @@ class Run:
         self.dir = Path(recipe.logger.run_dir) / self.name
         self.timer = PhaseTimer()
         self.records: list[dict] = []
+        self.switch_memory: dict[str, dict[str, float]] = {}
         # Telemetry reductions run on CPU tensors: a gloo group works under NCCL too.
         self.cpu_group = dist.new_group(backend="gloo") if self.state.device.type == "cuda" else None
         self.jsonl = self.wandb = self.progress = None
@@ -63,6 +64,10 @@ class Run:
                 self.wandb = WandbSink(recipe.logger.project, group, self.name, self.dir, asdict(recipe))
         dist.barrier()
 
+    def note_memory(self, switch: str, snapshot: dict[str, float]) -> None:
+        """Memory at each time-sharing switch (trainer offloaded, engine asleep, ...), for the step record."""
+        self.switch_memory[switch] = snapshot
+
     def start_progress(self, first_step: int) -> None:
         if self.is_main:
             self.progress = Progress(self.recipe.steps, self.recipe.logger.progress, initial=first_step)
@@ -75,7 +80,8 @@ class Run:
     def record(self, step: int, metrics: dict) -> dict:
         """Reduce this step's phase stats over ranks (MAX) and write the record (rank 0)."""
         phases = reduce_over_ranks(self.timer.take(), PHASES, group=self.cpu_group)
-        record = {"step": step, "phases": phases, **metrics}
+        record = {"step": step, "phases": phases, **metrics, "timeshare_memory": self.switch_memory}
+        self.switch_memory = {}
         record["step_seconds"] = sum(p["seconds"] for p in phases.values())
         if self.is_main:
             self.records.append(record)

@@ -97,18 +97,20 @@ class TimeShare:
             )
             self._told = True
 
-    def to_rollout(self, publish: Callable[[], None] | None = None) -> None:
-        """Trainer offloads, engine wakes weights, `publish()` runs, engine wakes its KV cache."""
+    def to_rollout(self, publish: Callable[[], object] | None = None) -> object:
+        """Trainer offloads, engine wakes weights, `publish()` runs, engine wakes its KV cache.
+
+        Returns what `publish()` returned (the publication's result), or None."""
         self._note_cpu()
         self._record("train_end")
         offload_trainer(self.optimizer, self.ddp)
         self._record("trainer_offloaded")
         self.engine.wake_up(["weights"])
-        if publish is not None:
-            publish()
+        result = publish() if publish is not None else None
         self._record("published")
         self.engine.wake_up(["kv_cache"])
         self._record("rollout_start")
+        return result
 
     def to_train(self) -> None:
         """Engine sleeps, trainer restores optimizer state and gradient buffers."""

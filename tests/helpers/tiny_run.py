@@ -15,6 +15,7 @@ FAST = [
     "data.prompts_per_step=4",
     "rollout.samples_per_prompt=4",
     "algorithm.minibatches=2",
+    "optim.micro_batch_size=8",
     "logger.progress=false",
 ]
 

@@ -1,0 +1,449 @@
+"""The runtime inside one warm sandbox: a pristine zygote, and per job a test runner and a solution process.
+
+Standard library only. `sandbox.py` starts it under bubblewrap as `python -I -S -c <bootstrap>` with
+this module, `wire` and `testrunner` passed in as source: nothing of the project is on disk there.
+
+Trust model
+-----------
+Untrusted: the completion's code and everything it can reach. Trusted: this runtime, the problem's
+tests, and the host. The sandbox (bubblewrap; see `sandbox.py`) keeps the code from the network, the
+host's files and other processes; inside it, each job is split so the verdict cannot be forged:
+
+    host ──ctrl socket──> Z zygote (never sees a job's content; forks one C per job)
+                          └─ C: new user, mount, PID and IPC namespaces; fresh tmpfs on /tmp
+                             └─ T test runner: PID 1 of the job, holds the tests and the result pipe
+                                └─ U solution: rlimited, no capabilities, runs the completion's code
+
+- Per-test verdicts are computed in T, which never executes the solution's code. T reaches U only by
+  messages: calls go out as encoded arguments, answers come back through `wire.decode`, which builds
+  exact built-in values. Comparisons, truth tests and hashing of what U returned run on those plain
+  values, in T; objects with a rigged `__eq__` cannot cross (they arrive as opaque handles that refuse
+  comparison). Monkeypatching anything in U changes nothing in T.
+- Only T holds the result pipe. U is forked before T reads the tests and closes every descriptor but
+  its own channel; T is non-dumpable and has dropped its capabilities, so U can neither open
+  /proc/T/fd nor ptrace T. Whatever U writes to stdout is output, never a verdict, and `sys.exit(0)` or
+  `os._exit(0)` in U only ends U: a job with no answers from U scores no tests.
+- U never holds the tests in memory (it is forked before T reads them), nor any other sample's code:
+  Z receives only descriptors and limits; the host writes the code and tests into per-job pipes.
+- T is PID 1 of the job's PID namespace: U cannot signal it (the kernel drops signals to a namespace's
+  init from inside unless it installed a handler, and SIGKILL never reaches it), and when T exits the
+  kernel kills every process left in the namespace, so no daemon outlives its job. The per-job mount
+  namespace gives each job a fresh, size-capped /tmp, so nothing passes from one job to the next.
+- Limits on U: rlimits on CPU seconds, address space, processes, file size and open files; a wall
+  deadline enforced by T (which kills U) and, behind it, by the host (which kills the whole sandbox).
+What this does not defend against: kernel exploits (there is no seccomp filter), and the aggregate
+memory of a job is bounded only by processes x address-space limit (no memory cgroup).
+In unsafe local mode (no bubblewrap, no namespaces) the same split runs, but U could reach the host's
+files, network and processes: it exists for machines without user namespaces, and warns loudly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+import traceback
+import types
+from typing import Any
+
+from megatron_rl.reward import testrunner, wire
+from megatron_rl.reward.channel import Channel
+
+_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID = 0x20000, 0x8000000, 0x10000000, 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP = 1, 4, 24
+_PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 36, 38, 47
+_INNER_ID = 1000  # the uid/gid a job sees itself as
+_PRELOAD = (
+    "array bisect cmath collections copy dataclasses datetime decimal enum fractions functools heapq "
+    "itertools json math numbers operator random re statistics string textwrap typing unicodedata"
+).split()
+_libc: Any = None
+
+
+def _c() -> Any:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def drop_capabilities() -> None:
+    """Drop every capability (bounding, ambient, effective, permitted, inheritable) of this process."""
+    libc = _c()
+    for cap in range(64):
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break  # EINVAL past the last capability the kernel knows; EPERM when none are held
+    libc.prctl(_PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()
+    _check(libc.capset(header, data), "capset")
+
+
+def _enter_job_namespaces(tmp_mb: int) -> None:
+    """New user, mount, PID and IPC namespaces for one job, with fresh size-capped tmpfs mounts."""
+    libc = _c()
+    uid, gid = os.getuid(), os.getgid()
+    libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # /proc/self/*_map is writable only while dumpable
+    _check(libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC), "unshare")
+    for name, text in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{_INNER_ID} {uid} 1"),
+        ("gid_map", f"{_INNER_ID} {gid} 1"),
+    ):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    _check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", flags, f"size={tmp_mb}m,mode=1777".encode()), "mount /tmp")
+    if os.access("/dev/shm", os.W_OK):
+        _check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", flags, b"size=16m,mode=1777"), "mount /dev/shm")
+
+
+def _apply_limits(job: dict) -> None:
+    mib = 1 << 20
+    cpu = max(1, int(job["cpu_s"] + 0.999))
+    limits = {
+        resource.RLIMIT_CPU: (cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL one second later
+        resource.RLIMIT_AS: (job["memory_mb"] * mib,) * 2,
+        # C, T and U count against the limit too (one user namespace per job): add them.
+        resource.RLIMIT_NPROC: (job["max_processes"] + 3,) * 2,
+        resource.RLIMIT_FSIZE: (job["max_file_mb"] * mib,) * 2,
+        resource.RLIMIT_NOFILE: (job["max_open_files"],) * 2,
+        resource.RLIMIT_CORE: (0, 0),
+    }
+    for which, value in limits.items():
+        resource.setrlimit(which, value)
+
+
+def _close_all_but(keep: set[int]) -> None:
+    """Close every descriptor not in `keep` (close_range(2) under the hood: one syscall per gap)."""
+    low = 0
+    for fd in sorted(keep):
+        if low < fd:  # an empty range is not a no-op: CPython passes high - 1 to close_range(2)
+            os.closerange(low, fd)
+        low = fd + 1
+    high = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    high = high if 0 < high <= 1 << 20 else 1 << 20  # RLIM_INFINITY; fs.nr_open caps fds at 1M anyway
+    if low < high:
+        os.closerange(low, high)
+
+
+# ---- U: the solution process ----------------------------------------------------------------------
+
+
+def _solution_main(job: dict, sol_fd: int, req_r: int, resp_w: int, out_w: int) -> None:
+    """Load the solution and answer T's requests. Everything after `exec` is untrusted, and T knows it."""
+    devnull = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(out_w, 1)
+    os.dup2(out_w, 2)
+    _close_all_but({0, 1, 2, sol_fd, req_r, resp_w})
+    os.environ.clear()  # bubblewrap started us with none; the interpreter's locale coercion added some
+    if not job["isolate"]:
+        os.setsid()  # unsafe mode: a process group T can kill
+    msg = wire.read_frame(sol_fd)
+    os.close(sol_fd)
+    source = msg["code"] if isinstance(msg, dict) and isinstance(msg.get("code"), str) else ""
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    _apply_limits(job)
+    try:
+        code = compile(source, "<solution>", "exec")
+    except (SyntaxError, ValueError) as e:  # ValueError: NUL bytes in the source
+        wire.send_frame(resp_w, {"load": "syntax_error", "error": f"{type(e).__name__}: {e}"[:500]})
+        os._exit(0)
+    except BaseException as e:  # MemoryError/RecursionError from a pathological source
+        wire.send_frame(resp_w, {"load": "error", "type": type(e).__name__, "error": str(e)[:500]})
+        os._exit(0)
+    module: dict[str, Any] = {"__name__": "solution", "__builtins__": __builtins__}
+    try:
+        exec(code, module)
+    except BaseException as e:  # SystemExit too: exiting before the tests is a failure
+        _print_traceback(e)
+        wire.send_frame(resp_w, {"load": "error", "type": type(e).__name__, "error": str(e)[:500]})
+        os._exit(0)
+    names = [k for k in list(module) if isinstance(k, str) and not k.startswith("__")][:10000]
+    _flush()
+    wire.send_frame(resp_w, {"load": "ok", "names": names, "values": _plain_values(module, names)})
+    _serve(module, req_r, resp_w)
+
+
+def _plain_values(module: dict, names: list[str]) -> dict[str, Any]:
+    """Top-level data the tests may read directly (`ans = 42`), encoded; objects stay remote."""
+    values: dict[str, Any] = {}
+    budget = wire.MAX_FRAME // 2
+    for name in names:
+        value = module[name]
+        if callable(value) or isinstance(value, types.ModuleType):
+            continue
+        try:
+            encoded = wire.encode(value)
+            budget -= len(json.dumps(encoded))
+        except Exception:  # not plain data: tests reach it as a remote object
+            continue
+        if budget < 0:
+            break
+        values[name] = encoded
+    return values
+
+
+def _serve(module: dict, req_r: int, resp_w: int) -> None:
+    handles: dict[int, Any] = {}
+
+    def to_handle(value: Any) -> dict:
+        handles[len(handles) + 1] = value
+        return {"$h": {"id": len(handles), "type": type(value).__name__[:60]}}
+
+    def resolve(ref: Any) -> Any:
+        if isinstance(ref, dict) and "h" in ref:
+            return handles[ref["h"]]
+        return module[ref["n"]]
+
+    while True:
+        req = wire.read_frame(req_r)
+        if req is None:
+            os._exit(0)
+        try:
+            op, target = req["op"], resolve(req["ref"])
+            if op == "call":
+                args = wire.decode(req["args"], resolve)
+                value = target(*args, **wire.decode(req["kwargs"], resolve))
+            elif op == "get":
+                value = getattr(target, req["name"])
+            elif op == "getitem":
+                value = target[wire.decode(req["key"], resolve)]
+            elif op == "len":
+                value = len(target)
+            else:  # "list"
+                value = [item for _, item in zip(range(100_001), target)]
+            reply = {"ok": wire.encode(value, to_handle)}
+        except BaseException as e:  # whatever the solution raised is the answer
+            _print_traceback(e)
+            reply = {"raise": [type(e).__name__, str(e)[:500]]}
+        _flush()
+        wire.send_frame(resp_w, reply)
+
+
+def _print_traceback(e: BaseException) -> None:
+    try:
+        traceback.print_exception(type(e), e, e.__traceback__, limit=-3, file=sys.stderr)
+    except BaseException:  # a hostile exception's __str__ must not stop the reply
+        pass
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+
+
+# ---- T: the trusted test runner ---------------------------------------------------------------
+
+
+def _trusted_main(job: dict, sol_fd: int, tests_fd: int, result_fd: int) -> None:
+    if job["isolate"]:
+        drop_capabilities()
+    else:
+        _c().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans come back to us to be killed
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # PID 1 ignores signals it has no handler for
+    deadline = time.monotonic() + job["timeout_s"]
+    req_r, req_w = os.pipe()
+    resp_r, resp_w = os.pipe()
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _solution_main(job, sol_fd, req_r, resp_w, out_w)
+        finally:
+            os._exit(70)
+    for fd in (sol_fd, req_r, resp_w, out_w):
+        os.close(fd)
+    channel = Channel(pid, req_w, resp_r, out_r, deadline, job)
+    try:
+        record = _run_job(job, tests_fd, channel)
+    except Exception as e:  # our own bug: report it rather than hang the host until its backstop
+        record = {"status": "sandbox_error", "passed": 0, "total": 0, "failures": [f"harness error: {e!r}"]}
+    channel.finish()
+    if not job["isolate"]:
+        _kill_descendants()
+    record["output_tail"] = channel.tail_text(record.pop("failures", []))
+    wire.send_frame(result_fd, record)
+
+
+def _run_job(job: dict, tests_fd: int, channel: Channel) -> dict:
+    tests = wire.read_frame(tests_fd, deadline=channel.deadline)
+    os.close(tests_fd)
+    entry_point = tests.get("entry_point") or None
+    try:
+        plan = testrunner.plan_tests(tests["tests"], entry_point)
+    except (SyntaxError, ValueError) as e:
+        return {"status": "sandbox_error", "passed": 0, "total": 0, "failures": [f"unusable tests: {e}"]}
+    load = channel.wait_load()
+    if load.get("load") != "ok":
+        status = "syntax_error" if load.get("load") == "syntax_error" else "crashed"
+        if load.get("type") == "MemoryError":
+            status = "memory"
+        status = channel.status_override() or status
+        error = f"{load.get('type', '')}: {load.get('error', '')}".strip(": ")
+        return {"status": status, "passed": 0, "total": plan.total, "failures": [f"load failed: {error}"]}
+    names = load.get("names") if isinstance(load.get("names"), list) else []
+    values = load.get("values") if isinstance(load.get("values"), dict) else {}
+    namespace = testrunner.bind_solution(plan, names, values, entry_point, channel.request)
+    outcome = testrunner.run_units(plan, namespace)
+    status = channel.status_override()
+    if status is None:
+        status = "passed" if outcome.passed == outcome.total else "failed"
+    return {"status": status, "passed": outcome.passed, "total": outcome.total, "failures": outcome.failures}
+
+
+def _kill_descendants() -> None:
+    """Unsafe mode only: kill everything below us, found by parent links, until nothing is left."""
+    me = os.getpid()
+    for _ in range(50):
+        parents: dict[int, int] = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat") as f:
+                        parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+        found, frontier = set(), {me}
+        while frontier:
+            frontier = {p for p, pp in parents.items() if pp in frontier and p not in found}
+            found |= frontier
+        if not found:
+            return
+        for p in found:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        time.sleep(0.005)
+
+
+# ---- C and Z: namespaces per job, and the zygote --------------------------------------------
+
+
+def _job_main(job: dict, fds: list[int]) -> None:
+    """C: enter the job's namespaces and wait for T, its PID 1, to finish."""
+    sol_fd, tests_fd, result_fd = fds
+    gc.disable()  # C and T are short-lived and allocate little: collecting would only copy pages
+    _close_all_but({0, 1, 2, *fds})
+    try:
+        if job["isolate"]:
+            _enter_job_namespaces(job["tmp_mb"])
+    except OSError as e:
+        wire.send_frame(
+            result_fd, {"status": "sandbox_error", "passed": 0, "total": 0, "output_tail": f"{e}"}
+        )
+        os._exit(3)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _trusted_main(job, sol_fd, tests_fd, result_fd)
+        finally:
+            os._exit(0)
+    for fd in fds:
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def _self_test(isolate: bool) -> str:
+    """Fork once through the job namespaces, so a kernel that forbids them fails at start, not per job."""
+    if not isolate:
+        return ""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            _enter_job_namespaces(1)
+            os._exit(0)
+        except BaseException as e:
+            os.write(w, str(e).encode()[:500])
+            os._exit(1)
+    os.close(w)
+    message = os.read(r, 1000).decode(errors="replace")
+    os.close(r)
+    os.waitpid(pid, 0)
+    return message
+
+
+def zygote_main(argv: list[str]) -> None:
+    """Z: serve jobs from the control socket, one at a time, forever (until the host closes it)."""
+    args = dict(zip(argv[::2], argv[1::2]))
+    ctrl_fd = int(args["--ctrl-fd"])
+    isolate = args.get("--isolate", "1") == "1"
+    libc = _c()
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    for name in _PRELOAD:  # before dropping root: unsafe mode may run from a prefix only root can read
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    if "--uid" in args and os.getuid() == 0:
+        # Root outside: become an ordinary user. The kernel enforces no process limit on uid 0, and in
+        # unsafe mode this is all that stands between `os.kill(-1, SIGKILL)` and every process on the host.
+        uid, gid = int(args["--uid"]), int(args["--gid"])
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    gc.freeze()  # forked jobs then never touch (and copy) the zygote's objects when they collect
+    ctrl = socket.socket(fileno=ctrl_fd)
+    problem = _self_test(isolate)
+    ctrl.send(
+        json.dumps(
+            {"ready": not problem, "error": problem, "uid": os.getuid(), "python": sys.version}
+        ).encode()
+    )
+    if problem:
+        return
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctrl, 1 << 16, 4)
+        except OSError:
+            return
+        if not msg:
+            return
+        job = json.loads(msg)
+        if len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            ctrl.send(json.dumps({"done": -1, "error": f"expected 3 descriptors, got {len(fds)}"}).encode())
+            continue
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _job_main(job, fds)
+            finally:
+                os._exit(4)
+        for fd in fds:
+            os.close(fd)
+        _, status = os.waitpid(pid, 0)
+        ctrl.send(json.dumps({"done": os.waitstatus_to_exitcode(status)}).encode())

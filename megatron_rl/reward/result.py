@@ -1,0 +1,65 @@
+"""The record every reward comes back as, sandboxed or not, and how a test count becomes a reward.
+
+One shape for all rewards lets the training loop, the logs and `megatron-rl score` treat a unit-test
+run and an in-process verifier alike: a float to learn from, a status to count failure kinds by
+(a spike of `timeout` or `syntax_error` says more than a mean reward does), and the tail of what the
+program printed for a human reading one bad sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# Every status a result can carry. `passed` is the only one a full reward may come with.
+PASSED = "passed"
+FAILED = "failed"  # ran to the end; at least one test failed
+TIMEOUT = "timeout"  # wall-clock deadline or CPU-seconds limit
+CRASHED = "crashed"  # died, exited early, raised at import, or broke an output/protocol limit
+MEMORY = "memory"  # ran out of its address-space limit
+SYNTAX_ERROR = "syntax_error"  # the extracted code does not compile
+NO_CODE = "no_code"  # no code could be extracted from the completion
+SANDBOX_ERROR = "sandbox_error"  # our side failed (sandbox died, malformed problem): not the sample's fault
+
+STATUSES = (PASSED, FAILED, TIMEOUT, CRASHED, MEMORY, SYNTAX_ERROR, NO_CODE, SANDBOX_ERROR)
+REWARD_MODES = ("all_or_nothing", "fraction")
+
+
+@dataclass
+class RewardResult:
+    """The outcome of scoring one completion.
+
+    `tests_passed`/`tests_total` are what the trusted side of the harness counted; `reward` is derived
+    from them and the configured mode, never reported by the program under test.
+    """
+
+    sample_id: Any
+    reward: float
+    status: str
+    seconds: float = 0.0
+    output_tail: str = ""
+    tests_passed: int = 0
+    tests_total: int = 0
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown reward status {self.status!r}; expected one of {STATUSES}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def reward_from_counts(status: str, passed: int, total: int, mode: str) -> float:
+    """The reward for `passed` of `total` tests under `mode`.
+
+    all_or_nothing: 1 only when the run ended `passed` (every test ran and passed). fraction: the share
+    of tests passed, so a program that passes 3 of 4 tests and then hangs still earns 0.75; statuses
+    that mean no test could run (no code, syntax error, sandbox error) earn 0 either way.
+    """
+    if mode not in REWARD_MODES:
+        raise ValueError(f"reward mode must be one of {REWARD_MODES}; got {mode!r}")
+    if status in (NO_CODE, SYNTAX_ERROR, SANDBOX_ERROR) or total <= 0:
+        return 0.0
+    if mode == "all_or_nothing":
+        return 1.0 if status == PASSED and passed == total else 0.0
+    return max(0, min(passed, total)) / total
