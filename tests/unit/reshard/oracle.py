@@ -50,7 +50,12 @@ def vllm_shard(spec, hf: dict[str, torch.Tensor], name: str, etp: int, t: int) -
         g = spec.num_query_groups
         return torch.cat([q.chunk(etp, 0)[t], _kv(k, g, etp, t), _kv(v, g, etp, t)])
     if leaf == "gate_up_proj.weight":
-        return torch.cat([hf[f"{prefix}.gate_proj.weight"].chunk(etp, 0)[t], hf[f"{prefix}.up_proj.weight"].chunk(etp, 0)[t]])
+        return torch.cat(
+            [
+                hf[f"{prefix}.gate_proj.weight"].chunk(etp, 0)[t],
+                hf[f"{prefix}.up_proj.weight"].chunk(etp, 0)[t],
+            ]
+        )
     if leaf in ("o_proj.weight", "down_proj.weight"):
         return hf[name].chunk(etp, 1)[t]
     return hf[name]  # norms: replicated
@@ -62,8 +67,14 @@ def vllm_names(spec) -> list[str]:
         names.append("lm_head.weight")
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
-        names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight", p + "self_attn.qkv_proj.weight",
-                  p + "self_attn.o_proj.weight", p + "mlp.gate_up_proj.weight", p + "mlp.down_proj.weight"]
+        names += [
+            p + "input_layernorm.weight",
+            p + "post_attention_layernorm.weight",
+            p + "self_attn.qkv_proj.weight",
+            p + "self_attn.o_proj.weight",
+            p + "mlp.gate_up_proj.weight",
+            p + "mlp.down_proj.weight",
+        ]
         if spec.qkv_bias:
             names.append(p + "self_attn.qkv_proj.bias")
         if spec.qk_norm:

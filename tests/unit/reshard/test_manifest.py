@@ -8,13 +8,14 @@ from megatron_rl.reshard.manifest import (
     Run,
     default_algorithm,
     digest,
+    digest_size,
     dtype_name,
     expected_manifest,
     validate,
 )
 
 
-@pytest.mark.parametrize("algorithm", ["sha256", "wsum64"])
+@pytest.mark.parametrize("algorithm", ["xxh3", "sha256", "wsum64"])
 def test_digest_sees_every_byte_and_every_position(algorithm):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(257, 33, generator=g)
@@ -38,10 +39,13 @@ def test_wsum64_handles_odd_byte_counts_and_bf16():
     y = x.clone()
     y.view(torch.int16)[6] ^= 1
     assert digest(x, "wsum64") != digest(y, "wsum64")
-    assert digest(torch.zeros(3, dtype=torch.uint8), "wsum64") != digest(torch.zeros(4, dtype=torch.uint8), "wsum64")
+    assert digest(torch.zeros(3, dtype=torch.uint8), "wsum64") != digest(
+        torch.zeros(4, dtype=torch.uint8), "wsum64"
+    )
     with pytest.raises(ValueError, match="sha256"):
         digest(x, "md4")
-    assert default_algorithm("cpu") == "sha256" and default_algorithm("cuda") == "wsum64"
+    assert default_algorithm("cpu") == "xxh3" and default_algorithm("cuda") == "wsum64"
+    assert len(digest(x, "xxh3")) == digest_size("xxh3") == 16 and digest_size("sha256") == 32
 
 
 def _staged_and_expected(step=5):
@@ -55,7 +59,7 @@ def _staged_and_expected(step=5):
         "o": [Run(1, 0, 2, digest(cols[:, :2])), Run(1, 2, 4, digest(cols[:, 2:]))],
     }
     shapes = {n: tuple(t.shape) for n, t in staged.items()}
-    return staged, expected_manifest(1, step, "sha256", shapes, torch.float32, runs, 4), runs
+    return staged, expected_manifest(1, step, "xxh3", shapes, torch.float32, runs, 4), runs
 
 
 def test_clean_version_validates_and_manifest_is_reproducible():
@@ -75,9 +79,15 @@ def test_clean_version_validates_and_manifest_is_reproducible():
         (lambda s: s.pop("o"), "o: missing"),
         (lambda s: s.__setitem__("o", s["o"][:, :5].contiguous()), "o: shape [4, 5]"),
         (lambda s: s.__setitem__("o", s["o"].double()), "o: dtype float64"),
-        (lambda s: s["o"].view(-1).view(torch.uint8)[17].bitwise_xor_(1), "o: checksum mismatch in columns 2..6"),
+        (
+            lambda s: s["o"].view(-1).view(torch.uint8)[17].bitwise_xor_(1),
+            "o: checksum mismatch in columns 2..6",
+        ),
         (lambda s: s["emb"].__setitem__((7, 0), 1e-30), "emb: padding rows 6..8 are not zero"),
-        (lambda s: s["emb"].__setitem__([0, 4], s["emb"][[4, 0]]), "emb: checksum mismatch in rows 0..3, rows 3..6"),
+        (
+            lambda s: s["emb"].__setitem__([0, 4], s["emb"][[4, 0]]),
+            "emb: checksum mismatch in rows 0..3, rows 3..6",
+        ),
         (lambda s: s.__setitem__("extra", torch.zeros(1)), "unexpected tensors staged: ['extra']"),
     ],
 )
@@ -92,4 +102,4 @@ def test_manifest_serialises():
     _, m, _ = _staged_and_expected()
     d = m.to_dict()
     assert d["entries"]["emb"]["shape"] == [8, 4] and len(d["entries"]["emb"]["checksum"]) == 64
-    assert isinstance(m, Manifest) and not m.same_weights(Manifest(1, 5, "sha256", {}))
+    assert isinstance(m, Manifest) and not m.same_weights(Manifest(1, 5, "xxh3", {}))

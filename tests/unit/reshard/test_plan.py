@@ -47,7 +47,9 @@ def simulate(plan, hf):
 
 
 def layouts():
-    for tp, pp, dp, etp, colocated in itertools.product([1, 2, 4], [1, 2], [1, 2], [1, 2, 4, 8], [True, False]):
+    for tp, pp, dp, etp, colocated in itertools.product(
+        [1, 2, 4], [1, 2], [1, 2], [1, 2, 4, 8], [True, False]
+    ):
         world = tp * pp * dp
         count = max(1, world // etp) if colocated else 2
         if colocated and etp > world:
@@ -65,8 +67,13 @@ _SMALL = [lay for lay in layouts() if lay.dp == 1 and lay.engine_world * lay.tra
 CASES = (
     [(GQA8, lay, "inplace") for lay in layouts() if _fits(GQA8, lay)]
     + [(GQA8, lay, "loader") for lay in _SMALL if _fits(GQA8, lay)]
-    + [(spec, lay, d) for spec in (QWEN2_TINY, LLAMA_TINY_TIED, QWEN3_TINY) for lay in _SMALL[::2]
-       for d in ("inplace", "loader") if _fits(spec, lay)]
+    + [
+        (spec, lay, d)
+        for spec in (QWEN2_TINY, LLAMA_TINY_TIED, QWEN3_TINY)
+        for lay in _SMALL[::2]
+        for d in ("inplace", "loader")
+        if _fits(spec, lay)
+    ]
 )
 
 
@@ -83,7 +90,9 @@ def test_plan_delivers_exactly_the_engine_slices(spec, lay, delivery):
     # Bytes: each rank receives what it needs minus what it holds, and no padding byte moves.
     rb = plan.rank_bytes()
     for r in got:
-        real = sum(s.length * t.unit * 4 for t in plan.targets[r].values() for s in t.segments if s.hf is not None)
+        real = sum(
+            s.length * t.unit * 4 for t in plan.targets[r].values() for s in t.segments if s.hf is not None
+        )
         b = rb.get(r, {})
         assert b.get("recv_intra", 0) + b.get("recv_inter", 0) + b.get("local", 0) == real
     sent = sum(b["sent_intra"] + b["sent_inter"] for b in rb.values())
@@ -101,15 +110,21 @@ def test_matching_tp_colocated_moves_only_vocab_rows():
         if name.startswith("model.layers.") or name == "model.norm.weight":
             assert op in ("view", "copy"), (r, name, op)
     assert {ops[(r, "model.layers.0.mlp.gate_up_proj.weight")] for r in range(4)} == {"view"}
-    assert {ops[(r, "model.layers.0.self_attn.qkv_proj.weight")] for r in range(4)} == {"copy"}  # 2 groups/rank
+    assert {ops[(r, "model.layers.0.self_attn.qkv_proj.weight")] for r in range(4)} == {
+        "copy"
+    }  # 2 groups/rank
     # Both sides pad the vocabulary 100 -> 128 here (64 rows per rank): nothing moves at all.
     assert plan.remote() == []
     # megatron padding to 128 x TP = 256 rows (128 per rank) vs vLLM's 128 (64 per rank): engine rank 1
     # needs rows 64..99, which trainer rank 0 holds -- 36 rows of each vocab tensor, nothing else.
-    plan = build_plan(lay, replace(GQA8, make_vocab_size_divisible_by=128), "inplace", Links(gpus_per_node=4), 4)
+    plan = build_plan(
+        lay, replace(GQA8, make_vocab_size_divisible_by=128), "inplace", Links(gpus_per_node=4), 4
+    )
     moved = [p for p in plan.pieces if p.src != p.dst]
     assert {p.dst_name for p in moved} == {"model.embed_tokens.weight", "lm_head.weight"}
-    assert {(p.src % 2, p.dst % 2, p.hf_start, p.length, p.kind) for p in moved} == {(0, 1, 64, 36, "tp_gather")}
+    assert {(p.src % 2, p.dst % 2, p.hf_start, p.length, p.kind) for p in moved} == {
+        (0, 1, 64, 36, "tp_gather")
+    }
 
 
 def test_sources_prefer_local_then_same_node_then_own_replica():
@@ -134,7 +149,9 @@ def test_lower_bound_is_the_busiest_link():
     lay = ParallelLayout(tp=1, pp=1, dp=1, engine_tp=1, engine_count=2, colocated=False)
     links = Links(gpus_per_node=2, intra_bytes_s=100.0, inter_bytes_s=10.0)
     plan = build_plan(lay, GQA8, "inplace", links, 4)
-    full = sum(t.numel for t in plan.targets[1].values()) * 4 - (128 - 100) * 128 * 4 * 2  # minus vocab padding
+    full = (
+        sum(t.numel for t in plan.targets[1].values()) * 4 - (128 - 100) * 128 * 4 * 2
+    )  # minus vocab padding
     rb = plan.rank_bytes()
     assert rb[1]["recv_intra"] == full and rb[2]["recv_inter"] == full and rb[0]["sent_inter"] == full
     t, why = plan.lower_bound_s()
@@ -173,7 +190,9 @@ def test_bad_layouts_are_refused_with_the_fix():
 def test_uneven_pipeline_split():
     lay = ParallelLayout(tp=1, pp=2, dp=1, engine_tp=2, engine_count=1)
     plan = build_plan(lay, GQA8, "inplace", Links(), 4, pp_layers=[1, 3])
-    assert {n for n in plan.sources[1] if n.startswith("decoder.layers.")} >= {"decoder.layers.3.mlp.linear_fc2.weight"}
+    assert {n for n in plan.sources[1] if n.startswith("decoder.layers.")} >= {
+        "decoder.layers.3.mlp.linear_fc2.weight"
+    }
     hf = random_hf(GQA8)
     got = simulate(plan, hf)
     want = expected_engine_tensors(GQA8, hf, "inplace", 2, 1)

@@ -19,7 +19,10 @@ SPEC = QWEN2_TINY
 def _trainer(hf):
     padded = SPEC.padded_vocab(1)
     # clone: hf.py returns replicated tensors (norms) as the HF tensor itself
-    return {n: megatron_shard(SPEC, hf, n, 1, 0, padded).clone() for n in megatron_names(SPEC, range(SPEC.num_layers), True, True)}
+    return {
+        n: megatron_shard(SPEC, hf, n, 1, 0, padded).clone()
+        for n in megatron_names(SPEC, range(SPEC.num_layers), True, True)
+    }
 
 
 class CorruptingSink(InMemorySink):
@@ -46,8 +49,12 @@ def test_publish_activates_exact_tensors_and_snapshots_them(delivery):
     want = expected_engine_tensors(SPEC, hf, delivery, 1, 0)
     assert set(sink.tensors()) == set(want)
     assert all(bytes_equal(sink.tensors()[n], want[n]) for n in want)
-    assert r.stats.local == sum(t.numel() * 4 for n, t in want.items()) - 2 * (128 - 100) * 128 * 4 * (delivery == "inplace")
-    assert r.stats.sent == {"intra": 0, "inter": 0} and r.stats.peak_extra_bytes <= 128 * 4 * 128  # one column run
+    assert r.stats.local == sum(t.numel() * 4 for n, t in want.items()) - 2 * (128 - 100) * 128 * 4 * (
+        delivery == "inplace"
+    )
+    assert (
+        r.stats.sent == {"intra": 0, "inter": 0} and r.stats.peak_extra_bytes <= 128 * 4 * 128
+    )  # one column run
     # The engine holds a snapshot: the trainer stepping afterwards does not change what it serves.
     for t in params.values():
         t.mul_(2.0)
@@ -72,7 +79,10 @@ def test_same_weights_twice_give_identical_manifests_and_tensors():
     "damage,message",
     [
         (lambda s: s.pop("model.layers.1.mlp.down_proj.weight"), "down_proj.weight: missing"),
-        (lambda s: s["model.layers.0.self_attn.qkv_proj.bias"].view(torch.uint8)[5].bitwise_xor_(4), "qkv_proj.bias: checksum"),
+        (
+            lambda s: s["model.layers.0.self_attn.qkv_proj.bias"].view(torch.uint8)[5].bitwise_xor_(4),
+            "qkv_proj.bias: checksum",
+        ),
         (lambda s: s.__setitem__("model.norm.weight", torch.zeros(127)), "model.norm.weight: shape [127]"),
     ],
 )
@@ -118,8 +128,62 @@ def test_bf16_publication_is_byte_exact():
     spec = replace(SPEC, params_dtype="bf16")
     hf = random_hf(spec, dtype=torch.bfloat16)
     padded = spec.padded_vocab(1)
-    params = {n: megatron_shard(spec, hf, n, 1, 0, padded) for n in megatron_names(spec, range(2), True, True)}
+    params = {
+        n: megatron_shard(spec, hf, n, 1, 0, padded) for n in megatron_names(spec, range(2), True, True)
+    }
     sink = InMemorySink()
     assert Publisher(ParallelLayout(), spec, sink).publish(params.items(), step=0).activated
     want = expected_engine_tensors(spec, hf, "inplace", 1, 0)
-    assert all(sink.tensors()[n].dtype == torch.bfloat16 and bytes_equal(sink.tensors()[n], want[n]) for n in want)
+    assert all(
+        sink.tensors()[n].dtype == torch.bfloat16 and bytes_equal(sink.tensors()[n], want[n]) for n in want
+    )
+
+
+class PlainSink:
+    """A sink with only the required methods (no take_retired), like a live engine's."""
+
+    def __init__(self):
+        self.active_version, self.versions = None, {}
+
+    def stage(self, version, tensors):
+        self.versions[version] = tensors
+
+    def staged(self, version):
+        return self.versions[version]
+
+    def activate(self, version):
+        self.active_version = version
+
+    def discard(self, version):
+        self.versions.pop(version)
+
+
+def test_retired_versions_are_reused_and_plain_sinks_get_fresh_memory():
+    params = _trainer(random_hf(SPEC))
+    sink = InMemorySink()
+    pub = Publisher(ParallelLayout(), SPEC, sink)
+    ptrs = []
+    for step in range(3):
+        for t in params.values():
+            t.mul_(2.0)
+        assert pub.publish(params.items(), step=step).activated
+        ptrs.append({n: t.data_ptr() for n, t in sink.tensors().items()})
+        want = _expected_now(params)
+        assert all(bytes_equal(sink.tensors()[n], want[n]) for n in want)
+    assert ptrs[2] == ptrs[0] and ptrs[1] != ptrs[0]  # v3 staged into v1's memory, v2 stayed served meanwhile
+    plain = PlainSink()
+    pub = Publisher(ParallelLayout(), SPEC, plain)
+    pub.publish(params.items(), step=0)
+    pub.publish(params.items(), step=1)
+    a, b = plain.versions[1], plain.versions[2]
+    assert all(a[n].data_ptr() != b[n].data_ptr() for n in a)
+
+
+def _expected_now(params):
+    """The engine tensors the current trainer shards imply (inverse of the megatron layout at TP1)."""
+    from megatron_rl.models.hf import megatron_full_to_hf
+
+    hf = {}
+    for n, t in params.items():
+        hf.update(megatron_full_to_hf(SPEC, n, t))
+    return expected_engine_tensors(SPEC, hf, "inplace", 1, 0)
