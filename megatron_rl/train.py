@@ -5,9 +5,9 @@
 Each step:
   1. generate n samples per prompt with the published policy; every finished sample is scored at
      once in the sandboxed reward pool, while the engine keeps generating;
-  2. group-relative advantages (per prompt, over its n samples);
-  3. old-policy log-probs (before the first update; they also check the engine's log-probs) and
+  2. old-policy log-probs (before the first update; they also check the engine's log-probs) and
      reference log-probs (frozen copy; skipped when the KL coefficient is 0);
+  3. group-relative advantages (per prompt, over its n samples);
   4. k minibatches, one optimizer step each: clipped surrogate + KL to the reference;
   5. publish (at the top of the next step, as the device passes back to the engine): reshard the
      trainer's shards into the engines' layout, in memory; stage, validate, activate.
@@ -21,13 +21,20 @@ from functools import partial
 
 import torch
 
-from megatron_rl.algorithms import grpo_loss
 from megatron_rl.checkpoint.preempt import EXIT_REQUEUE, Preemption
 from megatron_rl.config.load import load_recipe
 from megatron_rl.config.validate import validate_recipe
 from megatron_rl.loop import components
-from megatron_rl.loop.collect import CollectStats, engine_prompts, gather_all, generate_and_score
-from megatron_rl.loop.rl_batch import advantages_for, assign, global_normaliser, loss_mask_keep
+from megatron_rl.loop.collect import collect_batch
+from megatron_rl.loop.rl_batch import (
+    advantages_with_kl,
+    assign,
+    global_normaliser,
+    grpo_loss_fn,
+    kl_sums,
+    loss_mask_keep,
+    minibatch_extras,
+)
 from megatron_rl.loop.run import Run, seed_everything
 from megatron_rl.loop.summary import reward_stats, step_metrics
 from megatron_rl.rollout.logprob_check import compare
@@ -56,85 +63,50 @@ def main(argv: list[str] | None = None) -> int:
         start = components.resume(cfg, run, policy, reference, task)  # 0 unless a checkpoint is found
         preemption = Preemption()
     publisher.next_version = start + 1  # step s samples from version s + 1
+    temp = components.trainer_temperature(ro)  # trainer log-probs follow the engine's convention
     run.start_progress(start)
     preempted = False
 
     for step in range(start, cfg.steps):
         # 0. hand the device to the engine: the trainer offloads, the engine wakes, the policy lands
         with run.phase("publish"):
-            publication = timeshare.to_rollout(partial(publisher.publish, policy.named_parameters_global(), step))
+            publication = timeshare.to_rollout(
+                partial(publisher.publish, policy.named_parameters_global(), step)
+            )
 
         # 1. generate and score (streamed), then every rank sees every sample
-        prompts = task.draw(cfg.data.prompts_per_step)
-        mine = engine_prompts(len(prompts), engine_index, cfg.layout.engine_count)
-        stats = CollectStats()
-        local = generate_and_score(
-            engine,
-            is_leader,
-            [prompts[i] for i in mine],
-            mine,
-            ro.samples_per_prompt,
-            task,
-            pool,
-            run.timer,
-            stats,
-            call_id=step,
+        samples, stats, rounds = collect_batch(
+            cfg, engine, engine_index, is_leader, task, pool, run.timer, step
         )
-        samples = gather_all(local)
         timeshare.to_train()  # the engine sleeps; the trainer takes the device back
 
-        # 2. group-relative advantages
-        adv = advantages_for(samples, ro.samples_per_prompt, algo, ro.max_new_tokens)
-        keep = loss_mask_keep(samples, algo)
-
-        # 3. old-policy and reference log-probs on this DP rank's samples (before any update)
+        # 2. old-policy and reference log-probs of this DP rank's samples, before any update
         plan = assign(len(samples), run.state.dp, algo.minibatches, cfg.seed, step)
-        mine_all = sorted(i for mb in plan for i in mb[run.state.dp_rank])
-        seqs = [samples[i].sequence for i in mine_all]
-        plens = [samples[i].prompt_len for i in mine_all]
-        temp = components.trainer_temperature(ro)
+        mine = sorted(i for minibatch in plan for i in minibatch[run.state.dp_rank])
+        seqs, plens = [samples[i].sequence for i in mine], [samples[i].prompt_len for i in mine]
         with run.phase("old_logprobs"):
-            old = dict(zip(mine_all, policy.logprobs(seqs, plens, temperature=temp)))
+            old = dict(zip(mine, policy.logprobs(seqs, plens, temperature=temp)))
         ref = {}
         if reference is not None:
             with run.phase("ref_logprobs"):
-                ref = dict(zip(mine_all, reference.logprobs(seqs, plens, temperature=temp)))
-        agreement = compare(
-            [samples[i] for i in mine_all], [old[i] for i in mine_all], ro.logprob_check_threshold
-        )
+                ref = dict(zip(mine, reference.logprobs(seqs, plens, temperature=temp)))
+        # The engine sampled with the version these old log-probs come from: they must agree.
+        agreement = compare([samples[i] for i in mine], [old[i] for i in mine], ro.logprob_check_threshold)
+
+        # 3. group-relative advantages (the KL folded into the rewards when the recipe says so)
+        kl = kl_sums(old, ref, algo.kl_estimator, run.dp_group) if algo.kl_in_reward and ref else None
+        adv = advantages_with_kl(samples, ro.samples_per_prompt, algo, ro.max_new_tokens, kl)
+        keep = loss_mask_keep(samples, algo)
 
         # 4. k minibatches, one optimizer step each
         train_metrics = []
-        for mb in plan:
-            idx = mb[run.state.dp_rank]
-            norm = global_normaliser(samples, [i for d in mb for i in d], keep, algo.loss_agg)
-            extras = {
-                "adv": [torch.full((len(samples[i].token_ids),), float(adv[i])) for i in idx],
-                "old": [old[i] for i in idx],
-                "keep": [torch.full((len(samples[i].token_ids),), keep[i]) for i in idx],
-                "rollout": [torch.tensor(samples[i].logprobs) for i in idx],
-            }
-            if reference is not None:
-                extras["ref"] = [ref[i] for i in idx]
-
-            def loss_fn(lp_BT, m, norm=norm):
-                return grpo_loss(
-                    lp_BT,
-                    m.extras["old"],
-                    m.extras["adv"],
-                    m.loss_mask_BT * m.extras["keep"],
-                    clip_low=algo.clip_low,
-                    clip_high=algo.clip_high,
-                    ref_logprobs_BT=m.extras.get("ref"),
-                    kl_coef=algo.kl_coef,
-                    kl_estimator=algo.kl_estimator,
-                    loss_agg=algo.loss_agg,
-                    max_len=ro.max_new_tokens,
-                    rollout_logprobs_BT=m.extras["rollout"],
-                    truncated_is_cap=algo.truncated_is_cap,
-                    **({"global_tokens": norm} if algo.loss_agg == "token-mean" else {"global_seqs": norm}),
-                )
-
+        for minibatch in plan:
+            idx = minibatch[run.state.dp_rank]
+            everyone = [i for rank_share in minibatch for i in rank_share]
+            loss_fn = grpo_loss_fn(
+                algo, ro.max_new_tokens, global_normaliser(samples, everyone, keep, algo.loss_agg)
+            )
+            extras = minibatch_extras(samples, idx, adv, keep, old, ref)
             train_metrics.append(
                 policy.train_step(
                     [samples[i].sequence for i in idx],
@@ -146,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
 
-        run.record(step + 1, step_metrics(samples, stats, agreement, train_metrics, publication, run))
+        metrics = step_metrics(samples, stats, agreement, train_metrics, publication, run)
+        run.record(step + 1, {**metrics, "sampling_rounds": rounds})
         preempted = preemption.requested()
         checkpointer.poll()
         if components.save_due(save_every, cfg.steps, step + 1, preempted):

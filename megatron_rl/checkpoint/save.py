@@ -24,12 +24,38 @@ log = logging.getLogger(__name__)
 FORMAT = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
+def prime_optimizer_state(optimizer) -> None:
+    """Give a fresh torch Adam its state entries (zeros, step 0) so a checkpoint can be loaded into it.
+
+    Without apex or transformer-engine (the CPU case), megatron-core's DistributedOptimizer.state_dict
+    reads a `step` entry from every parameter's torch-optimizer state, which torch creates only at the
+    first step; its own `init_state_fn` adds the moments but not `step`. Loading before any step (a
+    resume) therefore needs this. With apex/TE (GPU clusters) megatron-core keeps `step` elsewhere and
+    this does nothing.
+    """
+    from megatron.core.optimizer import distrib_optimizer
+
+    if getattr(distrib_optimizer, "HAVE_APEX_OR_TE", True):
+        return
+    for chained in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = chained.optimizer
+        for group in inner.param_groups:
+            for p in group["params"]:
+                st = inner.state[p]
+                if not st:
+                    st["exp_avg"] = torch.zeros_like(p.data)
+                    st["exp_avg_sq"] = torch.zeros_like(p.data)
+                    st["step"] = torch.tensor(0.0)
+
+
 def sharded_state(policy, reference=None, loading: bool = False) -> dict:
     """The dist-checkpointing state dict: model, optimizer (model-space sharding: any layout can load it)
     and, with a KL term, the frozen reference (it must stay the *initial* policy across resumes)."""
     model_sd = policy.model.sharded_state_dict()
     state = {"model": model_sd}
     if policy.optimizer is not None:
+        if loading:
+            prime_optimizer_state(policy.optimizer)
         state["optimizer"] = policy.optimizer.sharded_state_dict(
             model_sd, is_loading=loading, metadata=FORMAT
         )

@@ -20,8 +20,14 @@ class ProblemPrompt:
 
 
 class ProblemTask:
-    def __init__(self, problems: list[Problem], tokenizer, seed: int = 0, max_prompt_tokens: int = 2048,
-                 shuffle: bool = True):
+    def __init__(
+        self,
+        problems: list[Problem],
+        tokenizer,
+        seed: int = 0,
+        max_prompt_tokens: int = 2048,
+        shuffle: bool = True,
+    ):
         if not problems:
             raise ValueError("the problem set is empty")
         self.problems, self.tok = problems, tokenizer
@@ -40,7 +46,9 @@ class ProblemTask:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(cfg.model.hf_checkpoint)
-        return cls(load_problems(cfg.data.source), tok, cfg.data.seed, cfg.data.max_prompt_tokens, cfg.data.shuffle)
+        return cls(
+            load_problems(cfg.data.source), tok, cfg.data.seed, cfg.data.max_prompt_tokens, cfg.data.shuffle
+        )
 
     def _next_index(self) -> int:
         if not self.order:  # a new epoch
@@ -53,11 +61,18 @@ class ProblemTask:
         out = []
         for _ in range(n):
             p = self.problems[self._next_index()]
-            ids = self.tok.apply_chat_template([{"role": "user", "content": p.prompt}], add_generation_prompt=True,
-                                               tokenize=True) if self.tok.chat_template else self.tok.encode(p.prompt)
+            ids = (
+                self.tok.apply_chat_template(
+                    [{"role": "user", "content": p.prompt}], add_generation_prompt=True, tokenize=True
+                )
+                if self.tok.chat_template
+                else self.tok.encode(p.prompt)
+            )
             if len(ids) > self.max_prompt_tokens:
-                raise ValueError(f"problem {p.id!r}: prompt has {len(ids)} tokens > data.max_prompt_tokens="
-                                 f"{self.max_prompt_tokens}; raise it or drop the problem")
+                raise ValueError(
+                    f"problem {p.id!r}: prompt has {len(ids)} tokens > data.max_prompt_tokens="
+                    f"{self.max_prompt_tokens}; raise it or drop the problem"
+                )
             out.append(ProblemPrompt(p, list(ids)))
             self.drawn += 1
         return out

@@ -89,3 +89,68 @@ def gather_all(local: list[ScoredSample]) -> list[ScoredSample]:
         dist.all_gather_object(parts, local)
         local = [s for p in parts for s in (p or [])]
     return sorted(local, key=lambda s: (s.prompt_index, s.sample_index))
+
+
+def _groups(samples: list[ScoredSample]) -> list[list[ScoredSample]]:
+    out: dict[int, list[ScoredSample]] = {}
+    for s in samples:
+        out.setdefault(s.prompt_index, []).append(s)
+    return [out[k] for k in sorted(out)]
+
+
+def collect_batch(cfg, engine, engine_index: int, is_leader: bool, task, pool, timer, step: int):
+    """One step's batch: `data.prompts_per_step` groups of `samples_per_prompt` scored samples.
+
+    With `algorithm.dynamic_sampling`, groups whose rewards are all equal (no learning signal) are set
+    aside and more prompts are drawn, up to `max_resample_rounds` extra rounds; if the rounds run out,
+    set-aside groups fill the batch (their advantages are zero, so they add no gradient) and the batch
+    keeps its shape. Returns (samples in prompt-major order, CollectStats, rounds drawn).
+    """
+    from megatron_rl.algorithms import fill_batch, informative_groups
+
+    algo, n, target = cfg.algorithm, cfg.rollout.samples_per_prompt, cfg.data.prompts_per_step
+    stats = CollectStats()
+    kept: list[list[ScoredSample]] = []
+    spare: list[list[ScoredSample]] = []
+    drawn, rounds, want = 0, 0, target
+    while want > 0:
+        prompts = task.draw(want)
+        mine = engine_prompts(len(prompts), engine_index, cfg.layout.engine_count)
+        local = generate_and_score(
+            engine,
+            is_leader,
+            [prompts[i] for i in mine],
+            mine,
+            n,
+            task,
+            pool,
+            timer,
+            stats,
+            call_id=step * 1000 + rounds,
+        )
+        groups = _groups(gather_all(local))
+        if not algo.dynamic_sampling:
+            kept = groups
+            break
+        import torch
+
+        rewards = torch.tensor([s.reward for g in groups for s in g])
+        informative = informative_groups(rewards, n).tolist()
+        kept += [g for g, keep in zip(groups, informative) if keep]
+        spare += [g for g, keep in zip(groups, informative) if not keep]
+        drawn += want
+        want = fill_batch(
+            len(kept),
+            target,
+            drawn,
+            resample_rounds_done=rounds,
+            max_resample_rounds=algo.max_resample_rounds,
+        )
+        rounds += 1
+    batch = (kept + spare)[:target]
+    samples = []
+    for new_index, group in enumerate(batch):
+        for s in group:
+            s.prompt_index = new_index
+            samples.append(s)
+    return samples, stats, rounds

@@ -48,12 +48,6 @@ def shaped_rewards(samples: list[ScoredSample], algo, max_new_tokens: int) -> to
     return r
 
 
-def advantages_for(samples: list[ScoredSample], n: int, algo, max_new_tokens: int) -> torch.Tensor:
-    return group_advantages(
-        shaped_rewards(samples, algo, max_new_tokens), n, std_norm=algo.advantage_std_norm
-    )
-
-
 def assign(num_samples: int, dp: int, minibatches: int, seed: int, step: int) -> list[list[list[int]]]:
     """[minibatch][dp_rank] -> sample indices; identical on every rank."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
@@ -79,3 +73,70 @@ def global_normaliser(samples: list[ScoredSample], indices: list[int], keep: lis
     for b, n in enumerate(lengths):
         mask[b, :n] = 1.0
     return float(loss_normalizer(mask, mode))
+
+
+def kl_sums(
+    old: dict[int, torch.Tensor], ref: dict[int, torch.Tensor], estimator: str, dp_group=None
+) -> dict:
+    """Per-sample sum of the KL estimate (policy vs reference) over its tokens, for every sample of the
+    step (each DP rank computed its own samples; they are exchanged over the DP group)."""
+    import torch.distributed as dist
+
+    from megatron_rl.algorithms import kl_estimate
+
+    local = {i: float(kl_estimate(old[i], ref[i], estimator).sum()) for i in old}
+    if dist.is_initialized() and dist.get_world_size(dp_group) > 1:
+        parts: list[dict | None] = [None] * dist.get_world_size(dp_group)
+        dist.all_gather_object(parts, local, group=dp_group)
+        local = {k: v for p in parts for k, v in (p or {}).items()}
+    return local
+
+
+def advantages_with_kl(
+    samples, n: int, algo, max_new_tokens: int, kl_per_sample: dict | None
+) -> torch.Tensor:
+    """Group advantages; with `algorithm.kl_in_reward`, of rewards minus kl_coef x the sample's KL sum."""
+    rewards = shaped_rewards(samples, algo, max_new_tokens)
+    if kl_per_sample is not None:
+        rewards = rewards - algo.kl_coef * torch.tensor([kl_per_sample[i] for i in range(len(samples))])
+    return group_advantages(rewards, n, std_norm=algo.advantage_std_norm)
+
+
+def minibatch_extras(
+    samples, idx: list[int], adv, keep, old: dict, ref: dict
+) -> dict[str, list[torch.Tensor]]:
+    """Per-completion-token tensors of a minibatch's samples, laid on the trainer's [B, T] grid."""
+
+    def per_token(i: int, value: float) -> torch.Tensor:
+        return torch.full((len(samples[i].token_ids),), float(value))
+
+    extras = {
+        "adv": [per_token(i, adv[i]) for i in idx],
+        "keep": [per_token(i, keep[i]) for i in idx],
+        "old": [old[i] for i in idx],
+        "rollout": [torch.tensor(samples[i].logprobs) for i in idx],
+    }
+    if ref:
+        extras["ref"] = [ref[i] for i in idx]
+    return extras
+
+
+def grpo_loss_fn(algo, max_new_tokens: int, normaliser: float):
+    """The trainer's loss_fn(logprobs_BT, microbatch) for one minibatch: clipped surrogate + KL term
+    (unless the KL went into the rewards), aggregated with the minibatch's global normaliser."""
+    from megatron_rl.algorithms import grpo_loss
+
+    norm = {"global_tokens": normaliser} if algo.loss_agg == "token-mean" else {"global_seqs": normaliser}
+    kl_coef = 0.0 if algo.kl_in_reward else algo.kl_coef
+
+    def loss_fn(lp_BT, mb):
+        x = mb.extras
+        return grpo_loss(
+            lp_BT, x["old"], x["adv"], mb.loss_mask_BT * x["keep"],
+            clip_low=algo.clip_low, clip_high=algo.clip_high,
+            ref_logprobs_BT=x.get("ref"), kl_coef=kl_coef, kl_estimator=algo.kl_estimator,
+            loss_agg=algo.loss_agg, max_len=max_new_tokens,
+            rollout_logprobs_BT=x["rollout"], truncated_is_cap=algo.truncated_is_cap, **norm,
+        )  # fmt: skip
+
+    return loss_fn

@@ -46,6 +46,9 @@ class Run:
         self.name = run_name(recipe)
         self.dir = Path(recipe.logger.run_dir) / self.name
         self.timer = PhaseTimer()
+        from megatron.core import parallel_state as ps
+
+        self.dp_group = ps.get_data_parallel_group()
         self.records: list[dict] = []
         self.switch_memory: dict[str, dict[str, float]] = {}
         # Telemetry reductions run on CPU tensors: a gloo group works under NCCL too.

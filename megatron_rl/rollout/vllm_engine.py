@@ -199,7 +199,10 @@ class VLLMEngine:
             raise RuntimeError("a generate_stream() of this engine is still open: consume or close it first")
 
     def generate_stream(
-        self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSettings | None = None,
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        sampling: SamplingSettings | None = None,
         call_id: int | None = None,
     ) -> Iterator[Sample]:
         """Yield finished samples as they finish. Every rank of an engine must consume the whole stream."""

@@ -126,6 +126,35 @@ def _event() -> None:
     torch.cuda.Event = _CpuEvent
 
 
+def _optimizer_step_state() -> None:
+    # Without apex/transformer-engine the distributed optimizer wraps torch's Adam, whose per-param state
+    # holds a `step` tensor. DistributedOptimizer.load_state_dict puts `step` into that state, then
+    # load_parameter_state_from_fully_reshardable skips `step` in what it read while
+    # _set_main_param_and_optimizer_states copies every key of the state: KeyError('step') on resume.
+    # Copy only the keys that were read; `step` was already set from the checkpoint's param groups.
+    from megatron.core.optimizer import distrib_optimizer as D
+
+    orig = D.DistributedOptimizer._set_main_param_and_optimizer_states
+    if getattr(orig, "_megatron_rl_patched", False):
+        return
+
+    def patched(self, model_param, tensors):
+        if "step" in tensors or getattr(D, "HAVE_APEX_OR_TE", True):
+            return orig(self, model_param, tensors)
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        state = self.optimizer.state[main_param]
+        step = state.pop("step", None)
+        try:
+            return orig(self, model_param, tensors)
+        finally:
+            if step is not None:
+                state["step"] = step
+
+    patched._megatron_rl_patched = True
+    D.DistributedOptimizer._set_main_param_and_optimizer_states = patched
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch("rng", "tensor_parallel.random.CudaRNGStatesTracker.add/fork", _rng),
     Patch(
@@ -137,6 +166,11 @@ PATCHES: tuple[Patch, ...] = (
     Patch("synchronize", "p2p_communication._communicate(batch_p2p_sync), dist_checkpointing", _synchronize),
     Patch("tensor_type", "optimizer.clip_grads, optimizer.distrib_optimizer type() checks", _tensor_type),
     Patch("event", "inference TextGenerationController (torch.cuda.Event)", _event),
+    Patch(
+        "optimizer_step_state",
+        "DistributedOptimizer._set_main_param_and_optimizer_states (resume with torch Adam, no apex/TE)",
+        _optimizer_step_state,
+    ),
 )
 
 

@@ -44,4 +44,4 @@ def token_logprobs(
     nll = vocab_parallel_cross_entropy(
         logits.transpose(0, 1).contiguous(), targets.transpose(0, 1).contiguous()
     )
-    return -nll.transpose(0, 1)
+    return -nll.transpose(0, 1).contiguous()  # contiguous: it may be sent over gloo as raw memory

@@ -169,6 +169,8 @@ class Policy:
         group = ps.get_pipeline_model_parallel_group()
         if values is None:
             values = [torch.empty(mb.loss_mask_BT.shape, dtype=torch.float32) for mb in mbs]
+        # gloo sends a tensor's storage as laid out in memory: a transposed view would arrive scrambled.
+        values = [v.contiguous() for v in values]
         for v in values:
             dist.broadcast(v, src=src, group=group)
         return values

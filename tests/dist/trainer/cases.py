@@ -2,14 +2,18 @@
 
 import torch
 
+# (spec, TP, PP, micro-batch size): several sequences per microbatch through a pipeline once caught
+# log-probs sent between stages as a transposed view (gloo ships raw memory).
 LOGPROB_CASES = [
-    ("qwen2_tiny", 1, 1),
-    ("qwen2_tiny", 2, 1),
-    ("qwen2_tiny", 1, 2),
-    ("qwen2_tiny", 2, 2),
-    ("llama_tiny_tied", 2, 2),
-    ("llama_tiny_tied", 1, 1),
-    ("qwen3_tiny", 2, 2),
+    ("qwen2_tiny", 1, 1, 1),
+    ("qwen2_tiny", 2, 1, 1),
+    ("qwen2_tiny", 1, 2, 1),
+    ("qwen2_tiny", 2, 2, 1),
+    ("qwen2_tiny", 1, 2, 2),
+    ("qwen2_tiny", 2, 2, 4),
+    ("llama_tiny_tied", 2, 2, 1),
+    ("llama_tiny_tied", 1, 1, 1),
+    ("qwen3_tiny", 2, 2, 1),
 ]
 TRAIN_CASES = [(2, 1), (2, 2)]  # DP2 and DP1 with 4 processes
 OPTIM = dict(

@@ -61,6 +61,14 @@ def main() -> None:
         dist_checkpointing.save(pol.model.sharded_state_dict(), d)
         dist_checkpointing.load(pol.model.sharded_state_dict(), d)
         ok(stage)
+        stage = "optimizer_checkpoint"  # resume of torch Adam state through the distributed optimizer
+        from megatron_rl.checkpoint.save import sharded_state
+
+        d2 = tempfile.mkdtemp()
+        dist_checkpointing.save(sharded_state(pol), d2)
+        loaded = dist_checkpointing.load(sharded_state(pol, loading=True), d2)
+        pol.optimizer.load_state_dict(loaded["optimizer"])
+        ok(stage)
         stage = "event"  # megatron.core.inference text_generation_controller times with torch.cuda.Event
         import inspect
 

@@ -24,6 +24,7 @@ NEEDED_AT = {
     "synchronize": "dist_checkpointing",
     "tensor_type": "build",
     "event": "event",
+    "optimizer_step_state": "optimizer_checkpoint",
 }
 
 

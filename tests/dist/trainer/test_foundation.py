@@ -66,21 +66,18 @@ def _hf_logprobs(model, seqs, prompt_lens, temperature):
     return out
 
 
-@pytest.mark.parametrize("case", LOGPROB_CASES, ids=lambda c: f"{c[0]}-tp{c[1]}pp{c[2]}")
+@pytest.mark.parametrize("case", LOGPROB_CASES, ids=lambda c: f"{c[0]}-tp{c[1]}pp{c[2]}mbs{c[3]}")
 def test_logprobs_match_hf_and_each_other(run, case):
     out, ckpts, _ = run
-    spec_name, tp, pp = case
+    spec_name, tp, pp, mbs = case
     seqs, prompt_lens = batch()
-    got = torch.load(out / f"logprobs_{spec_name}_tp{tp}pp{pp}.pt")
+    got = torch.load(out / f"logprobs_{spec_name}_tp{tp}pp{pp}mbs{mbs}.pt")
     ref = _hf_logprobs(_hf(ckpts / spec_name), seqs, prompt_lens, TEMPERATURE)
     assert [g.shape for g in got] == [r.shape for r in ref]
     err_hf = max((g - r).abs().max().item() for g, r in zip(got, ref))
     assert err_hf <= 1e-5, f"{case}: max |logp - HF| = {err_hf:.2e}"
-    base = (
-        torch.load(out / f"logprobs_{spec_name}_tp1pp1.pt")
-        if (out / f"logprobs_{spec_name}_tp1pp1.pt").exists()
-        else None
-    )
+    base_file = out / f"logprobs_{spec_name}_tp1pp1mbs1.pt"
+    base = torch.load(base_file) if base_file.exists() else None
     if base is not None:
         err_tp1 = max((g - b).abs().max().item() for g, b in zip(got, base))
         assert err_tp1 <= 1e-5, f"{case}: max |logp - TP1| = {err_tp1:.2e}"

@@ -51,14 +51,14 @@ def main() -> None:
     st = init_parallel(1, 1)
     rank = st.env.rank
     seqs, prompt_lens = batch()
-    for spec_name, tp, pp in LOGPROB_CASES:
+    for spec_name, tp, pp, mbs in LOGPROB_CASES:
         spec = SPECS[spec_name]
         st = reinit(tp, pp)
-        pol = Policy(spec, st, ParallelSizes(tp, pp))
+        pol = Policy(spec, st, ParallelSizes(tp, pp), micro_batch_size=mbs)
         load_hf_into(pol.model, spec, CKPTS / spec_name, tp, st.tp_rank, pol.padded_vocab)
         lps = pol.logprobs(seqs, prompt_lens, temperature=TEMPERATURE)
         if rank == 0:
-            torch.save(lps, OUT / f"logprobs_{spec_name}_tp{tp}pp{pp}.pt")
+            torch.save(lps, OUT / f"logprobs_{spec_name}_tp{tp}pp{pp}mbs{mbs}.pt")
 
     for tp, pp in TRAIN_CASES:
         spec = SPECS["qwen2_tiny"]

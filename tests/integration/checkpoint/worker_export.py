@@ -27,8 +27,8 @@ def main() -> None:
     policy.model.load_state_dict(loaded["model"])
     write_hf(policy, out / "hf")
     g = torch.Generator().manual_seed(0)
-    seqs = [torch.randint(3, 17, (n,), generator=g).tolist() for n in (7, 11, 9, 5)]
-    plens = [3, 4, 2, 2]
+    seqs = [torch.randint(3, 17, (n,), generator=g).tolist() for n in (7, 11, 9, 5) * 4]
+    plens = [3, 4, 2, 2] * 4  # 16 sequences: the recipe's micro-batch size
     lps = policy.logprobs(seqs, plens, temperature=1.0)
     if dist.get_rank() == 0:
         torch.save({"seqs": seqs, "plens": plens, "logprobs": lps}, out / "trainer_logprobs.pt")

@@ -15,7 +15,7 @@ STEPS = 3
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loop")
-    launch(tmp, STEPS, ["algorithm.kl_coef=0.01"])
+    launch(tmp, STEPS, ["algorithm.kl_coef=0.01", "algorithm.dynamic_sampling=true"])
     return tmp, records(tmp)
 
 
@@ -55,7 +55,9 @@ def test_versions_increase_by_one_per_step(run):
     versions = [r["version"] for r in recs]
     assert all(isinstance(v, int) for v in versions), versions
     assert [b - a for a, b in zip(versions, versions[1:])] == [1] * (STEPS - 1)
-    assert all(r["published_version"] == r["version"] for r in recs), "each step samples the version published at its start"
+    assert all(r["published_version"] == r["version"] for r in recs), (
+        "each step samples the version published at its start"
+    )
     assert all(r["publication"]["activated"] for r in recs)
 
 
@@ -89,3 +91,10 @@ def test_timeline_png_written(run):
     tmp, _ = run
     png = tmp / "outputs" / "run" / "timeline.png"
     assert png.exists() and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_dynamic_sampling_keeps_the_batch_full(run):
+    _, recs = run
+    for r in recs:
+        assert r["sampling_rounds"] >= 1
+        assert sum(r["reward"]["statuses"].values()) == 16, "the batch keeps its shape"
