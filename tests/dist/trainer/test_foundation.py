@@ -75,6 +75,7 @@ def test_logprobs_match_hf_and_each_other(run, case):
     ref = _hf_logprobs(_hf(ckpts / spec_name), seqs, prompt_lens, TEMPERATURE)
     assert [g.shape for g in got] == [r.shape for r in ref]
     err_hf = max((g - r).abs().max().item() for g, r in zip(got, ref))
+    print(f"{case}: max |logp - HF| = {err_hf:.2e}")
     assert err_hf <= 1e-5, f"{case}: max |logp - HF| = {err_hf:.2e}"
     base_file = out / f"logprobs_{spec_name}_tp1pp1mbs1.pt"
     base = torch.load(base_file) if base_file.exists() else None
@@ -124,6 +125,10 @@ def test_one_optimizer_step_equals_adamw_reference(run, layout):
     err = max((got[n] - ref[n]).abs().max().item() for n in ref)
     moved = max((ref[n] - before[n]).abs().max().item() for n in ref)
     metrics = json.loads((out / f"metrics_tp{tp}pp{pp}.json").read_text())
+    print(
+        f"tp{tp}pp{pp}: max |param - AdamW| = {err:.2e}, step moved params by up to {moved:.2e}, "
+        f"grad norm {metrics['grad_norm']:.6f} vs {ref_gnorm:.6f}"
+    )
     assert moved > 1e-3, "the reference step must move the weights for the check to mean anything"
     assert err <= 1e-5, f"max |param - AdamW reference| = {err:.2e} (step moved params by up to {moved:.2e})"
     assert metrics["grad_norm"] == pytest.approx(ref_gnorm, rel=1e-4)
