@@ -1,5 +1,6 @@
 """Every shipped recipe composes and validates; bad configs are refused with their documented message."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -109,9 +110,12 @@ def _cli(*args, cwd=None):
 def test_cp_copy_runs_even_under_the_shipped_name(tmp_path):
     assert _cli("cp", "grpo_tiny_cpu", str(tmp_path)).returncode == 0
     copy = tmp_path / "grpo_tiny_cpu.yaml"
-    copy.write_text(copy.read_text().replace("steps: 40", "steps: 7"))
+    shipped_steps = load_recipe("grpo_tiny_cpu").steps
+    edited = re.sub(r"(?m)^steps: \d+$", "steps: 7", copy.read_text())
+    assert edited != copy.read_text(), "the recipe has no top-level steps line to edit"
+    copy.write_text(edited)
     assert load_recipe(str(copy)).steps == 7
-    assert load_recipe("grpo_tiny_cpu").steps == 40
+    assert load_recipe("grpo_tiny_cpu").steps == shipped_steps != 7
     shown = _cli("show", str(copy), "seed=5")
     assert shown.returncode == 0 and "steps: 7" in shown.stdout and "seed: 5" in shown.stdout
     again = _cli("cp", "grpo_tiny_cpu", str(tmp_path))
