@@ -23,11 +23,13 @@ venv: $(STAMP)
 system:
 	bash tools/setup_system.sh
 
+# Each demo is a fresh run (its own outputs/ and checkpoints/ folders), so a second `make demo` does not
+# resume the first one.
 demo: $(STAMP)
-	$(BIN)/python -m megatron_rl.launch_local grpo_tiny_cpu
+	MEGATRON_RL_RUN_NAME=grpo_tiny_cpu-$$(date +%Y%m%d-%H%M%S) $(BIN)/python -m megatron_rl.launch_local grpo_tiny_cpu
 
 test: $(STAMP) system
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

@@ -64,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         preemption = Preemption()
     publisher.next_version = start + 1  # step s samples from version s + 1
     temp = components.trainer_temperature(ro)  # trainer log-probs follow the engine's convention
+    if start >= cfg.steps and run.is_main:
+        print(
+            f"nothing to do: run {run.name} already reached step {start} (steps={cfg.steps}); raise steps=, "
+            "or start afresh with checkpoint.resume=none and another MEGATRON_RL_RUN_NAME",
+            flush=True,
+        )
     run.start_progress(start)
     preempted = False
 

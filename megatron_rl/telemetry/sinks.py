@@ -120,11 +120,15 @@ def plot_timeline(records: list[dict], path: Path) -> Path:
     ax.set_title("Phase timeline")
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[p]) for p in PHASES]
     ax.legend(handles, PHASES, ncol=4, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45))
-    steps = [r["step"] for r in records]
     for name in PHASES:
-        ys = [r.get("phases", {}).get(name, {}).get("mem_gib", 0.0) for r in records]
-        if any(ys):
-            ax_mem.plot(steps, ys, marker=".", color=colours[name], label=name)
+        ran = [
+            (r["step"], r["phases"][name]["mem_gib"])
+            for r in records
+            if r.get("phases", {}).get(name, {}).get("seconds", 0.0) > 0
+        ]
+        if ran:
+            xs, ys = zip(*ran)
+            ax_mem.plot(xs, ys, marker=".", color=colours[name], label=name)
     ax_mem.set_xlabel("step")
     ax_mem.set_ylabel("peak memory, GiB (max over ranks)")
     fig.tight_layout()
