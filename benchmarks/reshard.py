@@ -30,9 +30,9 @@ MiB = 1 << 20
 
 
 def spec():
-    from megatron_rl.models.spec import ModelSpec
+    from megatron_rl.models.tiny import tiny_spec
 
-    return ModelSpec(
+    return tiny_spec(
         name="llama_100m",
         family="llama",
         num_layers=12,
@@ -40,15 +40,11 @@ def spec():
         ffn_hidden_size=2048,
         num_attention_heads=12,
         num_query_groups=4,
-        head_dim=64,
         vocab_size=16384,
         make_vocab_size_divisible_by=128,
         max_position_embeddings=2048,
-        rope_theta=10000.0,
         norm_eps=1e-5,
         qkv_bias=False,
-        qk_norm=False,
-        tie_word_embeddings=False,
         params_dtype="bf16",
     )
 

@@ -19,31 +19,12 @@ import time
 import torch
 
 from megatron_rl.config.schema import RolloutConfig
-from megatron_rl.models.spec import ModelSpec
-from megatron_rl.models.tiny import hf_config, hf_model
+from megatron_rl.models.tiny import hf_config, hf_model, tiny_spec
 from megatron_rl.rollout.timeshare import memory_snapshot
 from megatron_rl.rollout.types import SamplingSettings
 from megatron_rl.rollout.vllm_engine import VLLMEngine
 
-SPEC = ModelSpec(
-    name="bench_tiny",
-    family="qwen2",
-    num_layers=2,
-    hidden_size=256,
-    ffn_hidden_size=512,
-    num_attention_heads=4,
-    num_query_groups=2,
-    head_dim=64,
-    vocab_size=256,
-    make_vocab_size_divisible_by=64,
-    max_position_embeddings=256,
-    rope_theta=10000.0,
-    norm_eps=1e-6,
-    qkv_bias=True,
-    qk_norm=False,
-    tie_word_embeddings=False,
-    params_dtype="fp32",
-)
+SPEC = tiny_spec(name="bench_tiny", vocab_size=256, make_vocab_size_divisible_by=64)
 
 
 def main() -> None:

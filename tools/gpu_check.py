@@ -27,26 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron_rl.models.spec import ModelSpec  # noqa: E402
+from megatron_rl.models.tiny import tiny_spec  # noqa: E402
 
-TINY = ModelSpec(
-    name="gpu_check_tiny",
-    family="qwen2",
-    num_layers=2,
-    hidden_size=256,
-    ffn_hidden_size=512,
-    num_attention_heads=4,
-    num_query_groups=2,
-    head_dim=64,
-    vocab_size=1000,
-    make_vocab_size_divisible_by=128,
-    max_position_embeddings=512,
-    rope_theta=10000.0,
-    norm_eps=1e-6,
-    qkv_bias=True,
-    qk_norm=False,
-    tie_word_embeddings=False,
-    params_dtype="fp32",
+TINY = tiny_spec(
+    name="gpu_check_tiny", vocab_size=1000, make_vocab_size_divisible_by=128, max_position_embeddings=512
 )
 ONE_B = replace(
     TINY,

@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from megatron_rl.models.spec import ModelSpec
+
+_TINY = ModelSpec(
+    name="tiny_qwen2", family="qwen2", num_layers=2, hidden_size=256, ffn_hidden_size=512,
+    num_attention_heads=4, num_query_groups=2, head_dim=64, vocab_size=100, make_vocab_size_divisible_by=32,
+    max_position_embeddings=256, rope_theta=10000.0, norm_eps=1e-6, qkv_bias=True, qk_norm=False,
+    tie_word_embeddings=False, params_dtype="fp32",
+)  # fmt: skip
+
+
+def tiny_spec(**overrides) -> ModelSpec:
+    """A 2-layer Qwen2-style spec for tests and benchmarks, with `overrides` applied.
+
+    head_dim 64 by default because the vLLM CPU build's attention kernels need it; vocab 100 pads to
+    128 rows, so padding is exercised at TP 1, 2 and 4.
+    """
+    return replace(_TINY, **overrides)
+
 
 _HF_CLASSES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),

@@ -4,26 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from megatron_rl.models.spec import ModelSpec
+from megatron_rl.models.tiny import tiny_spec
 
-QWEN2_TINY = ModelSpec(
-    name="qwen2_tiny",
-    family="qwen2",
-    num_layers=2,
-    hidden_size=128,
-    ffn_hidden_size=256,
-    num_attention_heads=4,
-    num_query_groups=2,
-    head_dim=32,
-    vocab_size=100,
-    make_vocab_size_divisible_by=32,
-    max_position_embeddings=128,
-    rope_theta=10000.0,
-    norm_eps=1e-6,
-    qkv_bias=True,
-    qk_norm=False,
-    tie_word_embeddings=False,
-    params_dtype="fp32",
+QWEN2_TINY = tiny_spec(
+    name="qwen2_tiny", hidden_size=128, ffn_hidden_size=256, head_dim=32, max_position_embeddings=128
 )
 LLAMA_TINY_TIED = replace(
     QWEN2_TINY,

@@ -5,29 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from megatron_rl.config.schema import RolloutConfig
-from megatron_rl.models.spec import ModelSpec
+from megatron_rl.models.tiny import tiny_spec
 
 # head_dim 64: the CPU build's attention kernels need it. 256 positions hold a 150-token prompt
 # (more than one 128-token KV block, so a stale prefix cache would show) plus a completion.
-SPEC = ModelSpec(
-    name="rollout_tiny",
-    family="qwen2",
-    num_layers=2,
-    hidden_size=256,
-    ffn_hidden_size=512,
-    num_attention_heads=4,
-    num_query_groups=2,
-    head_dim=64,
-    vocab_size=100,
-    make_vocab_size_divisible_by=32,
-    max_position_embeddings=256,
-    rope_theta=10000.0,
-    norm_eps=1e-6,
-    qkv_bias=True,
-    qk_norm=False,
-    tie_word_embeddings=False,
-    params_dtype="fp32",
-)
+SPEC = tiny_spec(name="rollout_tiny")
 KV_BYTES = 64 << 20
 LONG_PROMPT = [(7 * i + 3) % SPEC.vocab_size for i in range(150)]
 
