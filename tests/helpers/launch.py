@@ -17,6 +17,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_worker(script: str | Path, args: list[str], timeout: float = 600, env: dict | None = None):
+    """Run `python script args` in its own process (a fresh interpreter for vLLM or megatron-core)."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=REPO,
+    )
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-6000:]
+        raise AssertionError(f"{Path(script).name} failed (rc={proc.returncode}):\n{tail}")
+    return proc
+
+
 def torchrun(script: str | Path, nproc: int, args: list[str], timeout: float = 600, env: dict | None = None):
     """Run `torchrun --nproc-per-node nproc script args`; raise with the output tail on failure."""
     cmd = [

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_rl.models.hf import tp_unshard
+from megatron_rl.checkpoint.export import full_state
 from megatron_rl.models.megatron import ParallelSizes
 from megatron_rl.trainer.hf_import import CheckpointError, load_hf_into
 from megatron_rl.trainer.parallel import init_parallel
@@ -32,19 +32,6 @@ from tests.dist.trainer.cases import (
 from tests.helpers.specs import SPECS
 
 OUT, CKPTS = Path(sys.argv[1]), Path(sys.argv[2])
-
-
-def gather_full(pol: Policy, st) -> dict[str, torch.Tensor]:
-    """Full (TP-unsharded) tensors of this PP stage, on every rank of the TP group."""
-    from megatron.core import parallel_state as ps
-
-    group = ps.get_tensor_model_parallel_group()
-    out = {}
-    for name, p in pol.named_parameters_global():
-        shards = [torch.empty_like(p) for _ in range(st.tp)]
-        dist.all_gather(shards, p.detach().contiguous(), group=group)
-        out[name] = tp_unshard(pol.spec, name, shards)
-    return out
 
 
 def main() -> None:
@@ -73,9 +60,9 @@ def main() -> None:
         metrics = pol.train_step(
             seqs[mine], prompt_lens[mine], train_loss(global_tokens), extras={"adv": adv}
         )
-        full = gather_full(pol, st)
-        if st.tp_rank == 0 and st.dp_rank == 0:
-            torch.save(full, OUT / f"params_tp{tp}pp{pp}_stage{st.pp_rank}.pt")
+        full = full_state(pol)  # the whole model on rank 0 (the HF export's own gather)
+        if rank == 0:
+            torch.save(full, OUT / f"params_tp{tp}pp{pp}.pt")
         if rank == dist.get_world_size() - 1:
             (OUT / f"metrics_tp{tp}pp{pp}.json").write_text(json.dumps(metrics))
 

@@ -7,13 +7,10 @@ distributions are peaked and a wrong weight or cache moves log-probs far beyond 
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers.launch import REPO
+from tests.helpers.launch import REPO, run_worker
 from tests.integration.rollout.cases import write_model_dir
 
 pytestmark = [
@@ -34,17 +31,7 @@ def r(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("engine")
     model_dir = write_model_dir(tmp / "model")
     out = tmp / "result.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), str(out), model_dir],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=REPO,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(f"worker failed (rc={proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
+    run_worker(WORKER, [str(out), model_dir])
     return json.loads(out.read_text())
 
 

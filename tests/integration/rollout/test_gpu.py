@@ -3,13 +3,11 @@
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.helpers.launch import REPO
+from tests.helpers.launch import REPO, run_worker
 from tests.integration.rollout.cases import write_model_dir
 
 pytestmark = [
@@ -27,8 +25,6 @@ def r(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gpu")
     model_dir = write_model_dir(tmp / "model")
     env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
         "RANK": "0",
         "WORLD_SIZE": "1",
         "LOCAL_RANK": "0",
@@ -36,16 +32,7 @@ def r(tmp_path_factory):
         "MASTER_PORT": os.environ.get("MASTER_PORT", "29517"),
     }
     out = tmp / "gpu.json"
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), str(out), model_dir],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-        cwd=REPO,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(f"worker failed (rc={proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
+    run_worker(WORKER, [str(out), model_dir], timeout=900, env=env)
     return json.loads(out.read_text())
 
 

@@ -14,7 +14,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -22,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.helpers.launch import REPO, free_port
+
 SLURM_LOCAL = REPO / "tools" / "slurm_local.sh"
 DONE_STATES = {
     "COMPLETED",
@@ -34,12 +34,6 @@ DONE_STATES = {
     "BOOT_FAIL",
     "DEADLINE",
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse_job(text: str) -> dict[str, str]:
@@ -103,8 +97,8 @@ def slurm(tmp_path_factory) -> SlurmCluster:
     base = tmp_path_factory.mktemp("slurm")
     settings = {
         "SLURM_BASE": str(base),
-        "SLURMCTLD_PORT": str(_free_port()),
-        "SLURMD_PORT": str(_free_port()),
+        "SLURMCTLD_PORT": str(free_port()),
+        "SLURMD_PORT": str(free_port()),
         "FAKE_GPUS": "2",
         "RENDER_NODES": "32",
         "RENDER_GPUS": "8",
