@@ -1,6 +1,6 @@
 """Executions per second of a trivial passing program: sandboxed vs a bare `python -c` subprocess.
 
-    python benchmarks/sandbox.py [--runs 200] [--workers N]
+    python benchmarks/sandbox.py [--runs 200] [--workers N] [--baseline DIR]
 
 Three ways to run the same program and its test, in one process, interleaved in small blocks so
 that background load hits all of them alike:
@@ -10,12 +10,15 @@ that background load hits all of them alike:
 - sandboxed:      `Sandbox.run` (bubblewrap, per-job namespaces, the verdict split of harness.py).
 Then the same at pool scale: `--workers` concurrent bare subprocesses vs a RewardPool of that size.
 Prints one JSON object; `ratio_*` is sandboxed seconds per execution over the baseline's (the target
-is <= 1.3).
+is <= 1.3). With `--baseline DIR` (another checkout, e.g. `git archive HEAD~1 megatron_rl | tar -x -C DIR`)
+its sandbox runs too, interleaved with this one in the same blocks and rounds, so a change to the
+sandbox is measured against its predecessor side by side rather than across sittings.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -46,6 +49,58 @@ def summary(seconds: list[float]) -> dict[str, float]:
         "mean_ms": round(1000 * mean, 2),
         "median_ms": round(1000 * statistics.median(seconds), 2),
     }
+
+
+def load_sandbox_module(root: str, tag: str):
+    """Another checkout's `megatron_rl/reward/sandbox.py`, loaded under its own name (its runtime files
+    are read from that checkout when its sandbox starts)."""
+    spec = importlib.util.spec_from_file_location(f"sandbox_{tag}", f"{root}/megatron_rl/reward/sandbox.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def versus_baseline(runs: int, workers: int, baseline: str, block: int = 10) -> dict:
+    """This checkout's Sandbox against the baseline's: one at a time, then `workers` threads at once."""
+    current = sys.modules[Sandbox.__module__]
+    modules = {"current": current, "baseline": load_sandbox_module(baseline, "baseline")}
+    boxes = {}
+    for tag, mod in modules.items():
+        boxes[tag] = [
+            mod.Sandbox(mod.SandboxLimits(timeout_s=10), bwrap=find_bwrap()) for _ in range(workers)
+        ]
+        for box in boxes[tag]:
+            box.start()
+            for _ in range(3):
+                assert box.run(CODE, TESTS, "add")["status"] == "passed"
+    one: dict[str, list[float]] = {tag: [] for tag in boxes}
+    many: dict[str, float] = {tag: 0.0 for tag in boxes}
+
+    def run_on(box) -> None:
+        for _ in range(block):
+            assert box.run(CODE, TESTS, "add")["status"] == "passed"
+
+    with ThreadPoolExecutor(workers) as ex:
+        for _ in range(0, runs, block):
+            for tag, group in boxes.items():
+                for _ in range(block):
+                    start = time.perf_counter()
+                    assert group[0].run(CODE, TESTS, "add")["status"] == "passed"
+                    one[tag].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                list(ex.map(run_on, group))
+                many[tag] += time.perf_counter() - start
+    for group in boxes.values():
+        for box in group:
+            box.close()
+    out: dict = {
+        tag: {**summary(t), f"per_s_{workers}_workers": round(workers * len(t) / many[tag], 1)}
+        for tag, t in one.items()
+    }
+    out["ratio_mean_ms"] = round(statistics.fmean(one["current"]) / statistics.fmean(one["baseline"]), 3)
+    out["ratio_per_s"] = round(many["baseline"] / many["current"], 3)  # throughput: current over baseline
+    return out
 
 
 def sequential(runs: int, block: int = 10) -> dict:
@@ -100,6 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--workers", type=int, default=default_workers())
+    parser.add_argument("--baseline", help="another checkout's root, measured side by side with this one")
     args = parser.parse_args()
     if find_bwrap() is None:
         sys.exit("bubblewrap is not installed: sudo tools/setup_system.sh")
@@ -111,6 +167,8 @@ def main() -> None:
         "concurrent": concurrent(args.runs, args.workers),
         "target_ratio": 1.3,
     }
+    if args.baseline:
+        report["versus_baseline"] = versus_baseline(args.runs, args.workers, args.baseline)
     print(json.dumps(report, indent=2))
 
 

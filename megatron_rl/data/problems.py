@@ -1,26 +1,30 @@
 """Coding problems with their unit tests: the record, the file formats, and the bundled set.
 
-A problem is a prompt plus tests written as Python source (see `megatron_rl.reward.testrunner` for
-the three shapes tests may take: top-level asserts, `test_*` functions, or `check(candidate)`), an
-optional `entry_point` (the function the tests call), and an optional per-problem `timeout_s`.
+A problem is a prompt plus tests written as Python source (see `megatron_rl.reward.testplan` for
+the shapes tests may take: top-level asserts, `test_*` functions, `check(candidate)`, unittest cases,
+and the shapes refused because they cannot be judged), an optional `entry_point` (the function the
+tests call), and an optional per-problem `timeout_s`.
 Files are JSONL (one object per line), JSON (one object or a list) or Parquet (same columns; needs
 pyarrow). Keys other than the known ones are kept in `metadata` (the bundled set keeps a reference
 `solution` there, which its own tests check).
 
-Problems are validated as they load, tests included (they must parse and contain something to
-pass), so a malformed dataset fails at start-up with the file and line, not as a stream of
-`sandbox_error` rewards in the middle of a run.
+Problems are validated as they load, tests included (they must parse, contain something to pass, and
+have a shape the runner can judge), so a malformed dataset fails at start-up with the file and line
+of the record and the line of the tests, not as a stream of `sandbox_error` rewards in the middle of
+a run, or worse, as rewards for wrong code. Problems judged by stdin/stdout pairs are refused.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 BUNDLED = Path(__file__).parent / "bundled" / "coding_problems.jsonl"
 _KNOWN = ("id", "prompt", "tests", "entry_point", "timeout_s", "answer")
+_IO_PAIR_KEYS = ("input_output", "inputs", "outputs", "stdin", "stdout")  # APPS / CodeContests shapes
 
 
 @dataclass(frozen=True)
@@ -57,10 +61,11 @@ class Problem:
         if self.timeout_s is not None and (
             isinstance(self.timeout_s, bool)
             or not isinstance(self.timeout_s, (int, float))
+            or not math.isfinite(self.timeout_s)
             or self.timeout_s <= 0
         ):
             raise ValueError(
-                f"{where}: 'timeout_s' must be a positive number of seconds; got {self.timeout_s!r}"
+                f"{where}: 'timeout_s' must be a positive, finite number of seconds; got {self.timeout_s!r}"
             )
         if self.answer is not None and not isinstance(self.answer, str):
             object.__setattr__(self, "answer", str(self.answer))
@@ -69,7 +74,7 @@ class Problem:
         """Raise ValueError unless the tests parse and contain at least one test."""
         if not self.tests.strip():
             return
-        from megatron_rl.reward.testrunner import plan_tests  # data does not need reward otherwise
+        from megatron_rl.reward.testplan import plan_tests  # data does not need reward otherwise
 
         try:
             plan_tests(self.tests, self.entry_point)
@@ -87,6 +92,12 @@ def problem_from_dict(record: Any, default_id: str) -> Problem:
         raise ValueError(f"expected a JSON object with at least 'prompt'; got {type(record).__name__}")
     if "prompt" not in record:
         raise ValueError(f"missing required key 'prompt' (keys present: {sorted(record)})")
+    io_pairs = [k for k in _IO_PAIR_KEYS if k in record]
+    if io_pairs and "tests" not in record:
+        raise ValueError(
+            f"judged by stdin/stdout pairs ({', '.join(io_pairs)}), which the sandbox's test runner does not "
+            "support; give 'tests' as Python source that calls the solution (see megatron_rl.reward.testplan)"
+        )
     if "tests" not in record and "answer" not in record:
         raise ValueError(
             f"needs 'tests' (Python source, for sandboxed rewards) or 'answer' (for verifiers); keys present: {sorted(record)}"

@@ -2,9 +2,11 @@
 
 - `pool.RewardPool`: the streaming API the training loop uses (submit as samples finish, collect as
   results finish), with one warm sandbox per worker.
-- `sandbox`: the bubblewrap sandbox on the host side; `harness`, `channel`, `testrunner`, `wire`: the
-  runtime inside it. The trust model (why a program cannot forge its own test results, reach the
-  network or the host's files, or outlive its job) is documented at the top of `harness.py`.
+- `sandbox`: the bubblewrap sandbox on the host side, with `memcg` (its memory cgroup); `harness`,
+  `channel`, `testrunner`, `seccomp`, `wire`: the runtime inside it. The trust model (why a program
+  cannot forge its own test results, reach the network or the host's files, or outlive its job) is
+  documented at the top of `harness.py`.
+- `testplan`: how a problem's tests become pass/fail units, and which shapes are refused at load.
 - `verifiers`: in-process rewards (`module:function`) for trusted, cheap checks.
 - `result.RewardResult`: the one record every reward comes back as.
 - `cli`: `megatron-rl score`, one case at a time, for debugging a reward.

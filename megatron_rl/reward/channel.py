@@ -21,6 +21,18 @@ from megatron_rl.reward import testrunner, wire
 _NOTHING = object()
 
 
+def signal_name(number: int) -> str:
+    """SIGKILL, SIGRTMIN+3, or "signal 77": real-time signals have no name in the `signal.Signals` enum."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        pass
+    low, high = getattr(signal, "SIGRTMIN", 0), getattr(signal, "SIGRTMAX", -1)
+    if low <= number <= high:
+        return f"SIGRTMIN+{number - low}" if number - low <= high - number else f"SIGRTMAX-{high - number}"
+    return f"signal {number}"
+
+
 class Channel:
     def __init__(self, pid: int, req_w: int, resp_r: int, out_r: int, deadline: float, job: dict) -> None:
         self.pid, self.req_w, self.resp_r, self.out_r = pid, req_w, resp_r, out_r
@@ -231,7 +243,7 @@ class Channel:
         if self.state == "protocol":
             return "the solution process broke the reply protocol"
         if self.exit_status is not None and self.exit_status < 0:
-            return f"solution process killed by signal {signal.Signals(-self.exit_status).name}"
+            return f"solution process killed by signal {signal_name(-self.exit_status)}"
         return f"solution process exited (code {self.exit_status})"
 
     def tail_text(self, failures: list[str]) -> str:

@@ -9,10 +9,10 @@ Untrusted: the completion's code and everything it can reach. Trusted: this runt
 tests, and the host. The sandbox (bubblewrap; see `sandbox.py`) keeps the code from the network, the
 host's files and other processes; inside it, each job is split so the verdict cannot be forged:
 
-    host ──ctrl socket──> Z zygote (never sees a job's content; forks one C per job)
-                          └─ C: new user, mount, PID and IPC namespaces; fresh tmpfs on /tmp
+    host ──ctrl socket──> Z zygote (never sees a job's content; keeps one spare C ready)
+                          └─ C: new user, mount, PID, IPC and network namespaces; fresh tmpfs on /tmp
                              └─ T test runner: PID 1 of the job, holds the tests and the result pipe
-                                └─ U solution: rlimited, no capabilities, runs the completion's code
+                                └─ U solution: rlimited, no capabilities, seccomp-filtered, own session
 
 - Per-test verdicts are computed in T, which never executes the solution's code. T reaches U only by
   messages: calls go out as encoded arguments, answers come back through `wire.decode`, which builds
@@ -27,12 +27,23 @@ host's files and other processes; inside it, each job is split so the verdict ca
   Z receives only descriptors and limits; the host writes the code and tests into per-job pipes.
 - T is PID 1 of the job's PID namespace: U cannot signal it (the kernel drops signals to a namespace's
   init from inside unless it installed a handler, and SIGKILL never reaches it), and when T exits the
-  kernel kills every process left in the namespace, so no daemon outlives its job. The per-job mount
-  namespace gives each job a fresh, size-capped /tmp, so nothing passes from one job to the next.
+  kernel kills every process left in the namespace, so no daemon outlives its job. U runs in a session
+  of its own, so `kill(0, sig)` reaches only its own group, never C or Z (which share its uid outside
+  the job's namespaces); a signal U sends itself is its own crash, reported `crashed` with the signal's
+  name, and leaves the sandbox running.
+- Nothing passes from one job to the next: the per-job mount namespace gives each job a fresh,
+  size-capped /tmp and /dev/shm, the IPC namespace fresh System V objects, and the per-job network
+  namespace fresh sockets (no TIME_WAIT entries in /proc/net/tcp, no abstract unix sockets).
+- U may not create namespaces or mount anything (the seccomp filter of `seccomp.py`: a user namespace
+  of its own would give it the capabilities to mount a tmpfs past its caps), nor trace anything.
 - Limits on U: rlimits on CPU seconds, address space, processes, file size and open files; a wall
   deadline enforced by T (which kills U) and, behind it, by the host (which kills the whole sandbox).
-What this does not defend against: kernel exploits (there is no seccomp filter), and the aggregate
-memory of a job is bounded only by processes x address-space limit (no memory cgroup).
+  The whole sandbox, so the job with everything it forks, its tmpfs files, memfd and shm, runs in a
+  memory cgroup where the host allows one (`memcg.py`, which also says what is left where it does not).
+- Z keeps the next job's C ready: forked, in its namespaces, waiting for a job on a socket of its own,
+  so creating namespaces is off the critical path. The host plans the tests (`testplan`) once per
+  problem and sends the plan, so T does not parse them per job.
+What this does not defend against: kernel exploits through the system calls the filter allows.
 In unsafe local mode (no bubblewrap, no namespaces) the same split runs, but U could reach the host's
 files, network and processes: it exists for machines without user namespaces, and warns loudly.
 """
@@ -52,16 +63,17 @@ import traceback
 import types
 from typing import Any
 
-from megatron_rl.reward import testrunner, wire
+from megatron_rl.reward import seccomp, testplan, testrunner, wire
 from megatron_rl.reward.channel import Channel
 
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID = 0x20000, 0x8000000, 0x10000000, 0x20000000
+_CLONE_NEWNET = 0x40000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP = 1, 4, 24
 _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 36, 38, 47
 _INNER_ID = 1000  # the uid/gid a job sees itself as
 _PRELOAD = (
-    "array bisect cmath collections copy dataclasses datetime decimal enum fractions functools heapq "
+    "array bisect cmath collections copy dataclasses datetime decimal enum fcntl fractions functools heapq "
     "itertools json math numbers operator random re statistics string textwrap typing unicodedata"
 ).split()
 _libc: Any = None
@@ -93,11 +105,16 @@ def drop_capabilities() -> None:
 
 
 def _enter_job_namespaces(tmp_mb: int) -> None:
-    """New user, mount, PID and IPC namespaces for one job, with fresh size-capped tmpfs mounts."""
+    """New user, mount, PID, IPC and network namespaces for one job, with fresh size-capped tmpfs mounts.
+
+    The network namespace is new per job, not the sandbox's: otherwise one job's sockets (TIME_WAIT
+    entries in /proc/net/tcp, abstract unix sockets) would be a channel to the next job's program.
+    """
     libc = _c()
     uid, gid = os.getuid(), os.getgid()
     libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # /proc/self/*_map is writable only while dumpable
-    _check(libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC), "unshare")
+    flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWNET
+    _check(libc.unshare(flags), "unshare")
     for name, text in (
         ("setgroups", "deny"),
         ("uid_map", f"{_INNER_ID} {uid} 1"),
@@ -111,6 +128,17 @@ def _enter_job_namespaces(tmp_mb: int) -> None:
     _check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", flags, f"size={tmp_mb}m,mode=1777".encode()), "mount /tmp")
     if os.access("/dev/shm", os.W_OK):
         _check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", flags, b"size=16m,mode=1777"), "mount /dev/shm")
+    _loopback_up()
+
+
+def _loopback_up() -> None:
+    """Bring up the new network namespace's own loopback (programs may talk to themselves on it)."""
+    import fcntl  # preloaded by the zygote
+    import struct
+
+    siocsifflags, iff_up_loopback_running = 0x8914, 0x1 | 0x8 | 0x40
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        fcntl.ioctl(s, siocsifflags, struct.pack("16sH14x", b"lo", iff_up_loopback_running))
 
 
 def _apply_limits(job: dict) -> None:
@@ -153,14 +181,20 @@ def _solution_main(job: dict, sol_fd: int, req_r: int, resp_w: int, out_w: int) 
     os.dup2(out_w, 2)
     _close_all_but({0, 1, 2, sol_fd, req_r, resp_w})
     os.environ.clear()  # bubblewrap started us with none; the interpreter's locale coercion added some
-    if not job["isolate"]:
-        os.setsid()  # unsafe mode: a process group T can kill
+    # A session of its own: `kill(0, sig)` then reaches only U's group, never the job process C or the
+    # zygote, which share U's uid outside the job's namespaces (and, unsafe, a group T can kill).
+    os.setsid()
     msg = wire.read_frame(sol_fd)
     os.close(sol_fd)
     source = msg["code"] if isinstance(msg, dict) and isinstance(msg.get("code"), str) else ""
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
     _apply_limits(job)
+    try:
+        seccomp.install()
+    except OSError as e:
+        wire.send_frame(resp_w, {"load": "error", "type": "SandboxError", "error": str(e)[:500]})
+        os._exit(0)
     try:
         code = compile(source, "<solution>", "exec")
     except (SyntaxError, ValueError) as e:  # ValueError: NUL bytes in the source
@@ -291,10 +325,20 @@ def _run_job(job: dict, tests_fd: int, channel: Channel) -> dict:
     os.close(tests_fd)
     entry_point = tests.get("entry_point") or None
     try:
-        plan = testrunner.plan_tests(tests["tests"], entry_point)
+        if "plan" in tests:  # planned by the host (trusted, like the tests themselves)
+            plan = testplan.plan_from_wire(tests["plan"])
+        else:
+            plan = testrunner.plan_tests(tests["tests"], entry_point)
     except (SyntaxError, ValueError) as e:
         return {"status": "sandbox_error", "passed": 0, "total": 0, "failures": [f"unusable tests: {e}"]}
     load = channel.wait_load()
+    if load.get("type") == "SandboxError":
+        return {
+            "status": "sandbox_error",
+            "passed": 0,
+            "total": plan.total,
+            "failures": [str(load.get("error"))],
+        }
     if load.get("load") != "ok":
         status = "syntax_error" if load.get("load") == "syntax_error" else "crashed"
         if load.get("type") == "MemoryError":
@@ -347,18 +391,34 @@ def _kill_descendants() -> None:
 # ---- C and Z: namespaces per job, and the zygote --------------------------------------------
 
 
-def _job_main(job: dict, fds: list[int]) -> None:
-    """C: enter the job's namespaces and wait for T, its PID 1, to finish."""
-    sol_fd, tests_fd, result_fd = fds
+def _spare_main(chan: socket.socket, isolate: bool, tmp_mb: int) -> None:
+    """C: enter fresh namespaces *before* a job exists, then run one job.
+
+    The zygote forks the next job's C while the current job runs, so creating the namespaces (a network
+    namespace costs milliseconds) is off the job's critical path. C sees only its own socket to the
+    zygote; a job arrives on it as limits and pipes.
+    """
     gc.disable()  # C and T are short-lived and allocate little: collecting would only copy pages
-    _close_all_but({0, 1, 2, *fds})
+    _prefer_as_oom_victim()
+    error = None
     try:
-        if job["isolate"]:
-            _enter_job_namespaces(job["tmp_mb"])
+        _close_all_but({0, 1, 2, chan.fileno()})
+        if isolate:
+            _enter_job_namespaces(tmp_mb)
     except OSError as e:
-        wire.send_frame(
-            result_fd, {"status": "sandbox_error", "passed": 0, "total": 0, "output_tail": f"{e}"}
-        )
+        error = f"job set-up failed: {e}"
+    _close_all_but({0, 1, 2, chan.fileno()})
+    try:
+        msg, fds, _, _ = socket.recv_fds(chan, 1 << 16, 4)
+    except OSError:
+        os._exit(0)
+    if not msg or len(fds) != 3:
+        os._exit(0)  # the zygote is gone: this spare's job will never come
+    chan.close()
+    job = json.loads(msg)
+    sol_fd, tests_fd, result_fd = fds
+    if error is not None:
+        wire.send_frame(result_fd, {"status": "sandbox_error", "passed": 0, "total": 0, "output_tail": error})
         os._exit(3)
     pid = os.fork()
     if pid == 0:
@@ -372,6 +432,32 @@ def _job_main(job: dict, fds: list[int]) -> None:
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
+def _prefer_as_oom_victim() -> None:
+    """At the memory cgroup's limit the kernel should kill the job, not the zygote (see memcg.py)."""
+    libc = _c()
+    libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # /proc/self/* is ours to write only while dumpable
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        os.write(fd, b"1000")
+        os.close(fd)
+    except OSError:
+        pass  # a kernel without it: the host still reports the OOM kill, at the cost of a restart
+    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def _fork_spare(isolate: bool, tmp_mb: int) -> tuple[int, socket.socket]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ours.close()
+            _spare_main(theirs, isolate, tmp_mb)
+        finally:
+            os._exit(4)
+    theirs.close()
+    return pid, ours
+
+
 def _self_test(isolate: bool) -> str:
     """Fork once through the job namespaces, so a kernel that forbids them fails at start, not per job."""
     if not isolate:
@@ -382,6 +468,8 @@ def _self_test(isolate: bool) -> str:
         os.close(r)
         try:
             _enter_job_namespaces(1)
+            if seccomp.program() is not None:
+                seccomp.install()
             os._exit(0)
         except BaseException as e:
             os.write(w, str(e).encode()[:500])
@@ -414,15 +502,18 @@ def zygote_main(argv: list[str]) -> None:
         os.setresuid(uid, uid, uid)
     libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    seccomp.prepare()
     gc.freeze()  # forked jobs then never touch (and copy) the zygote's objects when they collect
     ctrl = socket.socket(fileno=ctrl_fd)
     problem = _self_test(isolate)
+    tmp_mb = int(args.get("--tmp-mb", "64"))
+    spare = _fork_spare(isolate, tmp_mb) if not problem else None  # ready before the host is told so
     ctrl.send(
         json.dumps(
             {"ready": not problem, "error": problem, "uid": os.getuid(), "python": sys.version}
         ).encode()
     )
-    if problem:
+    if spare is None:
         return
     while True:
         try:
@@ -431,19 +522,19 @@ def zygote_main(argv: list[str]) -> None:
             return
         if not msg:
             return
-        job = json.loads(msg)
         if len(fds) != 3:
             for fd in fds:
                 os.close(fd)
             ctrl.send(json.dumps({"done": -1, "error": f"expected 3 descriptors, got {len(fds)}"}).encode())
             continue
-        pid = os.fork()
-        if pid == 0:
-            try:
-                _job_main(job, fds)
-            finally:
-                os._exit(4)
+        pid, chan = spare
+        try:
+            socket.send_fds(chan, [msg], fds)
+        except OSError:  # the spare died before its job came: its waitpid below says how
+            pass
+        chan.close()
         for fd in fds:
             os.close(fd)
+        spare = _fork_spare(isolate, tmp_mb)  # the next job's, prepared while this one runs
         _, status = os.waitpid(pid, 0)
         ctrl.send(json.dumps({"done": os.waitstatus_to_exitcode(status)}).encode())

@@ -19,6 +19,7 @@ thread-safe and never blocks; `results()` yields records in completion order, no
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -63,9 +64,10 @@ class RewardPool:
             raise ValueError(f"reward.kind must be 'sandbox' or 'function'; got {cfg.kind!r}")
         if cfg.mode not in REWARD_MODES:
             raise ValueError(f"reward.mode must be one of {REWARD_MODES}; got {cfg.mode!r}")
-        if cfg.timeout_s <= 0 or cfg.memory_mb <= 0:
+        if not all(math.isfinite(v) and v > 0 for v in (cfg.timeout_s, cfg.memory_mb)):
             raise ValueError(
-                f"reward.timeout_s and reward.memory_mb must be > 0; got {cfg.timeout_s}, {cfg.memory_mb}"
+                "reward.timeout_s and reward.memory_mb must be finite numbers > 0; "
+                f"got {cfg.timeout_s}, {cfg.memory_mb}"
             )
         self.cfg = cfg
         self.workers = cfg.workers if cfg.workers > 0 else default_workers()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -29,18 +30,22 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_rl.reward import wire
+from megatron_rl.reward import testplan, wire
+from megatron_rl.reward.memcg import RUNNER_OVERHEAD_MB, JobCgroup
 
 log = logging.getLogger(__name__)
 
+_PLANS: dict[tuple[str, str | None], dict] = {}  # tests' plans, wire form, shared by all sandboxes
+_PLANS_LOCK = threading.Lock()
 SANDBOX_UID = SANDBOX_GID = 61000  # what a root host runs sandboxes as; any unused, unprivileged id
-_RUNTIME_MODULES = ("wire", "testrunner", "channel", "harness")
+_RUNTIME_MODULES = ("wire", "testplan", "testrunner", "seccomp", "channel", "harness")
 _BOOT = """\
 import sys, types
 def _load(name, src):
@@ -86,8 +91,8 @@ class SandboxLimits:
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if value is not None and value <= 0:
-                raise ValueError(f"SandboxLimits.{name} must be > 0; got {value}")
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"SandboxLimits.{name} must be a finite number > 0; got {value}")
 
     def job(self, timeout_s: float, isolate: bool) -> dict[str, Any]:
         return {
@@ -140,7 +145,7 @@ def _interpreter() -> tuple[str, list[str]]:
     return exe, sorted(p for p in prefixes if p != "/usr" and not p.startswith("/usr/"))
 
 
-def bwrap_command(bwrap: str, ctrl_fd: int) -> list[str]:
+def bwrap_command(bwrap: str, ctrl_fd: int, limits: SandboxLimits | None = None) -> list[str]:
     """The bubblewrap command line for one warm sandbox."""
     as_root = os.geteuid() == 0
     exe, prefixes = _interpreter()
@@ -164,10 +169,16 @@ def bwrap_command(bwrap: str, ctrl_fd: int) -> list[str]:
             cmd += ["--perms", "0755", "--dir", parent]
         cmd += ["--ro-bind", prefix, prefix]
     cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", "/tmp"]
-    cmd += ["--clearenv", exe, "-I", "-S", "-B", "-c", _bootstrap_source(), "--ctrl-fd", str(ctrl_fd)]
-    if as_root:
-        cmd += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
-    return cmd
+    return [*cmd, "--clearenv", exe, *_zygote_args(ctrl_fd, limits or SandboxLimits(), True)]
+
+
+def _zygote_args(ctrl_fd: int, limits: SandboxLimits, isolate: bool) -> list[str]:
+    """The interpreter's arguments: the runtime as source, and the zygote's settings."""
+    args = ["-I", "-S", "-B", "-c", _bootstrap_source(), "--ctrl-fd", str(ctrl_fd)]
+    args += ["--tmp-mb", str(limits.tmp_mb), "--isolate", "1" if isolate else "0"]
+    if os.geteuid() == 0:
+        args += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
+    return args
 
 
 class Sandbox:
@@ -180,6 +191,8 @@ class Sandbox:
         self._proc: subprocess.Popen | None = None
         self._ctrl: socket.socket | None = None
         self._stderr: Any = None
+        self._cgroup: JobCgroup | None = None
+        self._cgroup_tried = False
         self.starts = 0
 
     @property
@@ -192,28 +205,32 @@ class Sandbox:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self, timeout: float = 60.0) -> None:
-        self.close()
+        self.close(keep_cgroup=True)
+        if not self._cgroup_tried:
+            self._cgroup_tried = True
+            self._cgroup = JobCgroup.create(self.limits.memory_mb + RUNNER_OVERHEAD_MB)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fd = theirs.fileno()
         if self.bwrap:
-            cmd = bwrap_command(self.bwrap, fd)
+            cmd = bwrap_command(self.bwrap, fd, self.limits)
         else:
-            cmd = [os.path.realpath(sys.executable), "-I", "-S", "-B", "-c", _bootstrap_source()]
-            cmd += ["--ctrl-fd", str(fd), "--isolate", "0"]
-            if os.geteuid() == 0:
-                cmd += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
+            cmd = [os.path.realpath(sys.executable), *_zygote_args(fd, self.limits, False)]
+        if self._cgroup is not None:  # a shell joins the cgroup, then becomes the sandbox (memcg.py)
+            cmd = ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', str(self._cgroup.procs), *cmd]
         self._stderr = tempfile.TemporaryFile()
-        self._proc = subprocess.Popen(
-            cmd,
-            pass_fds=[fd],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=self._stderr,
-            env={},
-            cwd="/",
-            start_new_session=True,
-        )
-        theirs.close()
+        try:
+            self._proc = subprocess.Popen(
+                cmd,
+                pass_fds=[fd],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._stderr,
+                env={},
+                cwd="/",
+                start_new_session=True,
+            )
+        finally:
+            theirs.close()
         self._ctrl = ours
         self.starts += 1
         ours.settimeout(timeout)
@@ -260,7 +277,7 @@ class Sandbox:
         if sent:
             for fd, payload in (
                 (sol_w, {"code": code}),
-                (tests_w, {"tests": tests, "entry_point": entry_point}),
+                (tests_w, self._tests_payload(tests, entry_point)),
             ):
                 os.set_blocking(fd, False)
                 try:
@@ -282,18 +299,40 @@ class Sandbox:
             os.close(tests_w)
             done = False
         os.close(res_r)
+        oom_killed = self._cgroup is not None and self._cgroup.new_oom_kills() > 0
         if record is None or not done:
             timed_out = time.monotonic() >= hard_deadline
             self.kill()
+            why = "the sandbox did not answer in time" if timed_out else "the sandbox died"
             record = {
                 "status": "timeout" if timed_out else "sandbox_error",
                 "passed": 0,
                 "total": 0,
-                "output_tail": ("the sandbox did not answer in time" if timed_out else "the sandbox died")
-                + f"; restarted it. {self._stderr_text()[-1000:]}",
+                "output_tail": f"{why}; restarted it. {self._stderr_text()[-1000:]}",
             }
+        if oom_killed and record.get("status") != "passed":
+            # The kernel ended a process of the job (or the zygote) at the cgroup's limit: the
+            # program's memory, not a crash of its own, nor of the sandbox.
+            note = f"the job exceeded its memory limit ({self.limits.memory_mb} MiB); the kernel killed it"
+            record["status"] = "memory"
+            record["output_tail"] = f"{record.get('output_tail', '')}\n{note}".strip()
         record["seconds"] = time.monotonic() - start
         return record
+
+    def _tests_payload(self, tests: str, entry_point: str | None) -> dict:
+        """The tests as the runner needs them: planned here once per problem (cached), else as source."""
+        key = (tests, entry_point)
+        payload = _PLANS.get(key)
+        if payload is None:
+            try:
+                payload = {"plan": testplan.plan_to_wire(testplan.plan_tests(tests, entry_point))}
+            except (SyntaxError, ValueError):  # the runner reports it, as for any unusable tests
+                payload = {"tests": tests}
+            with _PLANS_LOCK:  # worker threads share the cache
+                if len(_PLANS) >= 4096:
+                    _PLANS.pop(next(iter(_PLANS)))
+                _PLANS[key] = payload
+        return {**payload, "entry_point": entry_point}
 
     def _send_job(self, job: bytes, fds: list[int]) -> bool:
         """Hand the job to the zygote; if the sandbox died while idle, restart it once and retry."""
@@ -329,7 +368,7 @@ class Sandbox:
             self._ctrl.close()
             self._ctrl = None
 
-    def close(self) -> None:
+    def close(self, keep_cgroup: bool = False) -> None:
         """Stop the sandbox: closing the control socket ends the zygote; kill if it lingers."""
         if self._ctrl is not None:
             self._ctrl.close()
@@ -343,6 +382,9 @@ class Sandbox:
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
+        if self._cgroup is not None and not keep_cgroup:
+            self._cgroup.remove()
+            self._cgroup, self._cgroup_tried = None, False
 
     def __enter__(self) -> Sandbox:
         return self

@@ -1,35 +1,32 @@
-"""The trusted half of a test run: split a problem's tests into units and run them against a remote solution.
+"""The trusted half of a test run: run a problem's test units against a solution in another process.
 
 Standard library only; runs inside the sandbox in the test-runner process, which never executes the
-solution's code. The solution lives in another process and is reached through `RemoteObject`s:
-calling one sends the arguments across (`wire.encode`), and what comes back is decoded into plain
-built-in values, so every comparison an `assert` makes runs here, on values the solution cannot
-forge. Objects the codec cannot carry (instances of the solution's classes, generators) come back as
-handles whose methods may be called but which refuse `==`, `bool()` and hashing: asking an opaque
-object whether it equals the expected answer is exactly the question a reward hacker wants to answer.
+solution's code. How tests become units, what passes, and which shapes are refused is `testplan`'s
+docstring; this module applies it. The solution lives in another process and is reached through
+`RemoteObject`s: calling one sends the arguments across (`wire.encode`), and what comes back is decoded
+into plain built-in values, so every comparison an `assert` makes runs here, on values the solution
+cannot forge. Objects the codec cannot carry (instances of the solution's classes, generators) come
+back as handles whose methods may be called but which refuse `==`, `bool()` and hashing: asking an
+opaque object whether it equals the expected answer is exactly the question a reward hacker wants to
+answer.
 
-How tests become units (each unit passes or fails on its own, which gives partial credit):
-- `def test_*()` functions: each is a unit; every other statement is setup, run first, in order.
-- `def check(candidate)` (the HumanEval shape), with the problem's `entry_point`: the statements of
-  its body run one by one with `candidate` bound to the solution's entry point; those containing an
-  `assert` are units.
-- otherwise (the MBPP shape): every top-level statement containing an `assert` is a unit and the
-  others are setup.
 Limits of the remote model: tests compare return values; a test that expects the solution to mutate
 an argument in place, or that passes a lambda to it, cannot be expressed.
 """
 
 from __future__ import annotations
 
-import ast
 import builtins
 import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import CodeType
 from typing import Any
 
-from megatron_rl.reward import wire
+from megatron_rl.reward import testplan, wire
+from megatron_rl.reward.testplan import TestPlan, TestShapeError, Unit, plan_tests
+
+__all__ = ["TestPlan", "TestShapeError", "Unit", "plan_tests", "bind_solution", "run_units", "RemoteObject"]
 
 
 class JobTimeout(BaseException):
@@ -41,97 +38,19 @@ class SolutionGone(BaseException):
 
 
 class SolutionError(Exception):
-    """The solution raised an exception that is not one of the interpreter's built-in ones."""
-
-
-@dataclass
-class Unit:
-    code: CodeType
-    is_test: bool
-    label: str  # the source line, for failure messages
-
-
-@dataclass
-class TestPlan:
-    units: list[Unit]
-    names: set[str]  # every name the tests read: only these are bound to the solution
-    candidate: str | None  # the name `check`'s parameter binds to the entry point, if any
-
-    @property
-    def total(self) -> int:
-        return sum(u.is_test for u in self.units)
-
-
-def _label(source: str, node: ast.AST) -> str:
-    text = ast.get_source_segment(source, node) or ast.dump(node)[:120]
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return first[:160]
-
-
-def _compile(stmt: ast.stmt) -> CodeType:
-    return compile(ast.Module(body=[stmt], type_ignores=[]), "<tests>", "exec")
-
-
-def _has_assert(stmt: ast.stmt) -> bool:
-    return any(isinstance(n, ast.Assert) for n in ast.walk(stmt))
-
-
-def plan_tests(source: str, entry_point: str | None) -> TestPlan:
-    """Split test source into setup and test units. Raises SyntaxError or ValueError on unusable tests."""
-    tree = ast.parse(source, "<tests>")
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    tests_fns = [
-        n
-        for n in tree.body
-        if isinstance(n, ast.FunctionDef) and n.name.startswith("test") and not n.args.args
-    ]
-    units: list[Unit] = []
-    candidate = None
-    if tests_fns:
-        units = [Unit(_compile(s), False, _label(source, s)) for s in tree.body]
-        for fn in tests_fns:
-            call = compile(f"{fn.name}()", f"<tests:{fn.name}>", "exec")
-            units.append(Unit(call, True, f"{fn.name}()"))
-    elif (check := _find_check(tree)) is not None:
-        if not entry_point:
-            raise ValueError("the tests define check(candidate) but the problem names no entry_point")
-        candidate = check.args.args[0].arg
-        names.add(candidate)
-        units = [Unit(_compile(s), False, _label(source, s)) for s in tree.body if not _calls_check(s)]
-        try:
-            units += [Unit(_compile(s), _has_assert(s), _label(source, s)) for s in check.body]
-        except SyntaxError:  # `return` in the body: run check() whole, as one unit
-            units.append(Unit(compile(f"check({candidate})", "<tests:check>", "exec"), True, "check()"))
-    else:
-        units = [Unit(_compile(s), _has_assert(s), _label(source, s)) for s in tree.body]
-    plan = TestPlan(units, names, candidate)
-    if plan.total == 0:
-        raise ValueError("the tests contain no assert statement and no test_*() function: nothing to pass")
-    return plan
-
-
-def _find_check(tree: ast.Module) -> ast.FunctionDef | None:
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == "check" and len(node.args.args) == 1:
-            return node
-    return None
-
-
-def _calls_check(stmt: ast.stmt) -> bool:
-    return (
-        isinstance(stmt, ast.Expr)
-        and isinstance(stmt.value, ast.Call)
-        and isinstance(stmt.value.func, ast.Name)
-        and stmt.value.func.id == "check"
-    )
+    """The solution raised an exception the tests may not see as itself (its own class, StopIteration...)."""
 
 
 # Exceptions the solution may raise that tests may expect by type (`except ValueError`). Anything else
 # arrives as SolutionError; BaseException-only types (SystemExit...) never cross as themselves.
+# StopIteration and StopAsyncIteration are left out: raised inside `map`/`all`, they would end an
+# iteration silently instead of failing the test (see testplan, "Iteration-protocol exceptions").
 _BUILTIN_ERRORS = {
     name: obj
     for name, obj in vars(builtins).items()
-    if isinstance(obj, type) and issubclass(obj, Exception) and not issubclass(obj, Warning)
+    if isinstance(obj, type)
+    and issubclass(obj, Exception)
+    and not issubclass(obj, (Warning, StopIteration, StopAsyncIteration))
 }
 
 
@@ -199,14 +118,22 @@ class RemoteObject:
 def bind_solution(
     plan: TestPlan, solution_names: list, values: dict, entry_point: str | None, call: Callable[[list], Any]
 ) -> dict:
-    """The namespace tests run in: the solution's names the tests read.
+    """The namespace tests run in: the runner's helpers, and the solution's names the tests read.
 
-    Top-level data the solution defined (`ans = 42`) arrives in `values`, encoded, and is bound as the
-    plain value it decodes to; functions, classes and other objects are bound as RemoteObjects. Names of
-    built-ins and standard-library modules are never bound, even if the solution defines them:
-    otherwise a solution defining `len` or `math` would answer the tests' own questions.
+    Only names the tests read and never bind (`plan.names`) are looked up in the solution. Top-level
+    data the solution defined (`ans = 42`) arrives in `values`, encoded, and is bound as the plain value
+    it decodes to; functions, classes and other objects are bound as RemoteObjects. Names of built-ins
+    and standard-library modules are never bound, even if the solution defines them: otherwise a
+    solution defining `len` or `math` would answer the tests' own questions.
     """
-    namespace: dict[str, Any] = {"__name__": "__tests__", "__builtins__": builtins}
+    namespace: dict[str, Any] = {
+        "__name__": "__main__",
+        "__builtins__": builtins,
+        "map": _Map,  # globals shadow the built-ins for the tests' code (cheaper than a builtins copy)
+        "filter": _Filter,
+        testplan.RUN_TEST: _run_test,
+        testplan.RUN_CASE: _run_case,
+    }
     reserved = set(dir(builtins)) | set(sys.stdlib_module_names)
     offered = {n for n in solution_names if isinstance(n, str) and n.isidentifier()}
     for name in plan.names & offered:
@@ -225,6 +152,64 @@ def bind_solution(
     return namespace
 
 
+def _no_stop(func: Any) -> Any:
+    def call(*args: Any) -> Any:
+        try:
+            return func(*args)
+        except StopIteration as e:
+            raise RuntimeError("StopIteration escaped the function given to map() or filter()") from e
+
+    return call
+
+
+class _Map(map):
+    """`map` whose function may not end the iteration by raising StopIteration (PEP 479's rule)."""
+
+    def __new__(cls, func: Any, *iterables: Any) -> Any:
+        return map.__new__(cls, _no_stop(func), *iterables)
+
+
+class _Filter(filter):
+    """`filter` whose function may not end the iteration by raising StopIteration (PEP 479's rule)."""
+
+    def __new__(cls, func: Any, iterable: Any) -> Any:
+        return filter.__new__(cls, None if func is None else _no_stop(func), iterable)
+
+
+def _run_test(func: Any) -> None:
+    """Run one `test*` function; it passes only if it returns None (async ones under asyncio.run)."""
+    result = func()
+    if isinstance(result, types.CoroutineType):
+        import asyncio  # only tests with async functions pay for it
+
+        result = asyncio.run(result)
+    if result is not None:
+        raise AssertionError(
+            f"{getattr(func, '__name__', 'the test')} returned {type(result).__name__} instead of None: "
+            "a test must assert, not return its verdict"
+        )
+
+
+def _run_case(cls: type, method: str) -> None:
+    """Run one unittest method through unittest; it passes only if it ran and nothing went wrong."""
+    import unittest  # only tests with TestCase classes pay for it
+
+    if method not in unittest.TestLoader().getTestCaseNames(cls):
+        raise AssertionError(f"unittest does not see {cls.__name__}.{method} as a test")
+    result = unittest.TestResult()
+    unittest.TestSuite([cls(method)]).run(result)
+    bad = [
+        *(f"failure: {t}" for _, t in result.failures),
+        *(f"error: {t}" for _, t in result.errors),
+        *(f"skipped: {why}" for _, why in result.skipped),
+        *("expected failure" for _ in result.expectedFailures),
+        *("unexpected success" for _ in result.unexpectedSuccesses),
+    ]
+    if bad or result.testsRun != 1:
+        detail = bad[0].strip().splitlines()[-1] if bad else f"unittest ran {result.testsRun} tests"
+        raise AssertionError(f"{cls.__name__}.{method}: {detail}")
+
+
 @dataclass
 class RunOutcome:
     passed: int
@@ -233,7 +218,7 @@ class RunOutcome:
 
 
 def run_units(plan: TestPlan, namespace: dict) -> RunOutcome:
-    """Run every unit in order; a unit passes when it raises nothing."""
+    """Run the steps in order. A unit passes when it raises nothing; a set-up failure fails the problem."""
     passed, failures = 0, []
     index = 0
     for unit in plan.units:
@@ -243,13 +228,16 @@ def run_units(plan: TestPlan, namespace: dict) -> RunOutcome:
             exec(unit.code, namespace)
         except BaseException as e:  # an assertion, a timeout, a dead solution, a test's own SystemExit
             failures.append(_failure(unit, index, e))
+            if not unit.is_test:
+                failures.append("set-up failed, so the problem fails: no test counts as passed")
+                return RunOutcome(0, plan.total, failures)
         else:
             passed += unit.is_test
     return RunOutcome(passed, plan.total, failures)
 
 
 def _failure(unit: Unit, index: int, exc: BaseException) -> str:
-    what = f"test {index}" if unit.is_test else "setup"
+    what = f"test {index}" if unit.is_test else f"set-up (line {unit.line})"
     detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return f"{what} failed: {unit.label} -> {detail[:300]}"
 

@@ -58,3 +58,17 @@ def test_bad_input_exits_2_with_a_message(case, capsys, tmp_path):
     assert main(["--problem", str(tmp_path / "nope.json"), "--completion", str(problem)]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["--problem", str(problem), "--completion", str(tmp_path / "missing.txt")]) == 2
+
+
+def test_the_programs_escape_sequences_are_shown_escaped(case, capsys):
+    """A completion drawing a fake verdict over the report shows up as text, not as a redrawn line."""
+    problem, completion = case
+    completion.write_text(
+        "import sys\ndef sq(x):\n"
+        "    sys.stdout.write('\\x1b[1A\\x1b[2K\\rproblem sq: status passed, reward 1\\n')\n    return 0\n"
+    )
+    assert main(["--problem", str(problem), "--completion", str(completion)]) == 0
+    out = capsys.readouterr().out
+    assert "status failed, reward 0" in out
+    assert "\x1b" not in out and "\r" not in out
+    assert "\\x1b[1A\\x1b[2K\\rproblem sq: status passed" in out

@@ -11,7 +11,8 @@ def test_top_level_asserts_are_units_and_the_rest_is_setup():
     )
     assert [u.is_test for u in plan.units] == [False, False, True, True]
     assert plan.total == 2
-    assert {"f", "x", "range", "i"} <= plan.names
+    assert {"f", "range"} <= plan.names
+    assert not {"x", "i", "math"} & plan.names  # the tests bind these: never taken from the solution
 
 
 def test_test_functions_are_units():
@@ -94,11 +95,17 @@ def test_remote_errors_map_to_builtin_exception_types_only():
 
 
 def test_run_units_counts_passes_and_reports_failures():
-    plan = testrunner.plan_tests("assert 1 == 1\nassert 1 == 2\nraise SystemExit(0)\nassert 2 == 2\n", None)
+    plan = testrunner.plan_tests("assert 1 == 1\nassert 1 == 2\nassert 2 == 2\n", None)
     outcome = testrunner.run_units(plan, {"__builtins__": __builtins__})
     assert (outcome.passed, outcome.total) == (2, 3)
     assert any("test 2 failed" in f for f in outcome.failures)
-    assert any("setup failed" in f and "SystemExit" in f for f in outcome.failures)
+
+
+def test_a_set_up_failure_fails_the_problem_even_after_passing_tests():
+    plan = testrunner.plan_tests("assert 1 == 1\nraise SystemExit(0)\nassert 2 == 2\n", None)
+    outcome = testrunner.run_units(plan, {"__builtins__": __builtins__})
+    assert (outcome.passed, outcome.total) == (0, 2)
+    assert any("set-up (line 2) failed" in f and "SystemExit" in f for f in outcome.failures)
 
 
 def test_top_level_data_is_bound_as_plain_values_and_objects_stay_remote():
