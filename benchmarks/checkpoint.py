@@ -1,10 +1,15 @@
-"""Checkpoint save time and size: the tiny recipe's model and a ~100M-parameter config, at TP2.
+"""Checkpoint save, verify and load time and size: the tiny recipe's model and a ~100M-parameter config, at TP2.
 
-    torchrun --nproc-per-node 2 benchmarks/checkpoint.py [--out DIR]
+    torchrun --nproc-per-node 2 benchmarks/checkpoint.py [--out DIR] [--repeats N]
 
 For each model: one optimizer step (so the Adam state exists), then a synchronous save and an
 asynchronous one (time until training may continue, and time until the COMPLETE marker), the bytes on
-disk, and a load back at the same layout. Prints one JSON object (rank 0).
+disk, a full verification (every file re-hashed against the manifest) and a load back at the same
+layout. The cost of integrity on the async save's blocking time is measured side by side in this
+run: `Checkpointer.save` (space check, temp directory, background checksums) against a bare
+megatron-core async save of the same state (`baseline_async`, the save without any of it), alternated
+`--repeats` times; `blocking_overhead` is the ratio of their medians minus one (`_min`: of their
+minima, less sensitive to other load on the machine). Prints one JSON object (rank 0).
 """
 
 import argparse
@@ -30,7 +35,38 @@ class _Run:  # the two fields Checkpointer uses
         self.rank, self.is_main = rank, rank == 0
 
 
-def bench(spec, state, root: Path) -> dict:
+def baseline_async_save(step: int, pol, root: Path, run) -> float:
+    """A bare async save (what a save cost before integrity): blocking seconds; finalised before return."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+    from megatron_rl.checkpoint.save import FORMAT, sharded_state
+    from megatron_rl.checkpoint.state import rng_state
+
+    queue = AsyncCallsQueue()
+    t0 = time.perf_counter()
+    path = root / f"step_{step:06d}"
+    if run.is_main:
+        (path / "dist").mkdir(parents=True, exist_ok=True)
+        (path / "run_state.json").write_text(json.dumps({"step": step}))
+    dist.barrier()
+    torch.save(rng_state(), path / f"rank_{run.rank:05d}.pt")
+    request = dist_checkpointing.save(
+        sharded_state(pol, None), str(path / "dist"), async_sharded_save=True, content_metadata=FORMAT
+    )
+    queue.schedule_async_request(request)
+    blocking = time.perf_counter() - t0
+    queue.maybe_finalize_async_calls(blocking=True)
+    queue.close()
+    return blocking
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def bench(spec, state, root: Path, repeats: int) -> dict:
+    from megatron_rl.checkpoint.integrity import verify
     from megatron_rl.checkpoint.resume import load
     from megatron_rl.checkpoint.save import Checkpointer
     from megatron_rl.checkpoint.store import is_complete
@@ -56,6 +92,27 @@ def bench(spec, state, root: Path) -> dict:
             "complete": is_complete(path),
         }
     out["bytes"] = dir_bytes(root / "sync" / "step_000001")
+    # integrity's cost on the async save's blocking time, side by side (alternated, medians)
+    with_integrity, baseline = [], []
+    for i in range(repeats):
+        ck = Checkpointer(root / "paired", run, keep_last=1, async_save=True)
+        dist.barrier()
+        t0 = time.perf_counter()
+        ck.save(i + 1, pol, None, {"step": i + 1, "world_size": dist.get_world_size(), "task": {}})
+        with_integrity.append(time.perf_counter() - t0)
+        ck.close()
+        dist.barrier()
+        baseline.append(baseline_async_save(i + 1, pol, root / "baseline", run))
+        dist.barrier()
+    out["async_blocking_with_integrity_s"] = [round(x, 3) for x in with_integrity]
+    out["baseline_async_blocking_s"] = [round(x, 3) for x in baseline]
+    out["blocking_overhead"] = round(_median(with_integrity) / _median(baseline) - 1.0, 4)
+    out["blocking_overhead_min"] = round(min(with_integrity) / min(baseline) - 1.0, 4)
+    t0 = time.perf_counter()
+    problems = verify(root / "sync" / "step_000001") if dist.get_rank() == 0 else []
+    out["verify_s"] = round(time.perf_counter() - t0, 3)
+    out["verifies"] = not problems
+    dist.barrier()
     t0 = time.perf_counter()
 
     class _Task:
@@ -70,6 +127,7 @@ def bench(spec, state, root: Path) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
+    p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     from megatron_rl.config.load import load_recipe
     from megatron_rl.models.spec import ModelSpec
@@ -97,7 +155,7 @@ def main() -> None:
     root = Path(box[0])
     report = {"layout": "tp2", "world_size": dist.get_world_size()}
     for spec in (tiny, m100):
-        report[spec.name] = bench(spec, state, root / spec.name)
+        report[spec.name] = bench(spec, state, root / spec.name, args.repeats)
     if dist.get_rank() == 0:
         print(json.dumps(report, indent=1))
 

@@ -1,5 +1,11 @@
-"""Resuming: the newest complete checkpoint, loaded at this run's layout (which may differ from the
-saved one: dist-checkpointing reshards model and optimizer)."""
+"""Resuming: the newest checkpoint that verifies, loaded at this run's layout (which may differ from the
+saved one: dist-checkpointing reshards model and optimizer).
+
+A checkpoint is loaded only if every file matches its manifest (integrity.py). With
+`checkpoint.resume=auto` the newest that verifies is taken and each newer one skipped is named with
+its problems; an explicit path that does not verify is refused. Every rank re-hashes a share of the
+files, so verifying costs one read of the checkpoint spread over the job.
+"""
 
 from __future__ import annotations
 
@@ -7,27 +13,60 @@ import json
 import logging
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
-from megatron_rl.checkpoint.save import sharded_state
-from megatron_rl.checkpoint.state import set_rng_state
-from megatron_rl.checkpoint.store import is_complete, newest_complete
+from megatron_rl.checkpoint.integrity import verify
+from megatron_rl.checkpoint.save import sharded_state, unshare_adam_steps
+from megatron_rl.checkpoint.state import load_rng_state, set_rng_state
+from megatron_rl.checkpoint.store import list_checkpoints
 
 log = logging.getLogger(__name__)
 
 
+def verify_shared(path: Path) -> list[str]:
+    """verify(path) with the re-hashing split over the ranks (collective when distributed)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return verify(path)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    every: list[list[str] | None] = [None] * world
+    dist.all_gather_object(every, verify(path, share=(rank, world)))
+    return list(dict.fromkeys(p for ps in every for p in ps or []))
+
+
 def find(resume: str, root: Path) -> Path | None:
-    """What `checkpoint.resume` points at: auto (newest complete under root), none, or a path."""
+    """What `checkpoint.resume` points at: auto (the newest that verifies under root), none, or a path.
+
+    Collective when distributed: call it on every rank."""
     if resume == "none":
         return None
+    main = not dist.is_initialized() or dist.get_rank() == 0
     if resume == "auto":
-        found = newest_complete(root)
-        return found[1] if found else None
+        skipped = 0
+        for _step, path in reversed(list_checkpoints(root)):
+            problems = verify_shared(path)
+            if not problems:
+                if skipped and main:
+                    log.warning("resuming from %s, the newest checkpoint that verifies", path)
+                return path
+            skipped += 1
+            if main:
+                log.warning(
+                    "skipping checkpoint %s: %s%s",
+                    path,
+                    "; ".join(problems[:5]),
+                    f" (+{len(problems) - 5} more)" if len(problems) > 5 else "",
+                )
+        if skipped and main:
+            log.warning("no checkpoint under %s verifies: starting from step 0", root)
+        return None
     path = Path(resume)
-    if not is_complete(path):
+    problems = verify_shared(path)
+    if problems:
         raise SystemExit(
-            f"checkpoint.resume={resume}: not a complete checkpoint (no COMPLETE marker in {path})"
+            f"checkpoint.resume={resume}: the checkpoint does not verify:\n  "
+            + "\n  ".join(problems[:10])
+            + f"\n(`megatron-rl ckpt verify {path}` lists every problem; checkpoint.resume=auto takes the "
+            "newest checkpoint that verifies)"
         )
     return path
 
@@ -41,13 +80,14 @@ def load(path: Path, run, policy, reference, task) -> dict:
     policy.model.load_state_dict(state["model"])
     if policy.optimizer is not None and "optimizer" in state:
         policy.optimizer.load_state_dict(state["optimizer"])
+        unshare_adam_steps(policy.optimizer)
     if reference is not None:
         ref = {k.removeprefix("reference."): v for k, v in state["reference"].items()}
         reference.model.load_state_dict(ref)
     run_state = json.loads((path / "run_state.json").read_text())
     rank_file = path / f"rank_{run.rank:05d}.pt"
     if run_state.get("world_size") == dist.get_world_size() and rank_file.exists():
-        set_rng_state(torch.load(rank_file, weights_only=False))
+        set_rng_state(load_rng_state(rank_file))
     else:
         log.warning(
             "resuming at another world size (%s -> %s): per-rank RNG states are not restored",

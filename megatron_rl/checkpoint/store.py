@@ -1,4 +1,10 @@
-"""Finding, ordering and pruning checkpoints on disk; the completion marker."""
+"""Finding, ordering and pruning checkpoints on disk; the completion marker; the save's temp directory.
+
+A save writes into `step_000012.partial/` and is renamed to `step_000012/` only once its manifest and
+marker are written, so a directory named like a checkpoint was complete when it got that name, and a
+re-save of an existing step never mixes new shards with an old marker. Names that are not
+`step_<digits>` (partials, a replaced directory on its way out) are never candidates for loading.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,21 @@ import re
 import shutil
 from pathlib import Path
 
+from megatron_rl.checkpoint.integrity import verify
+
 log = logging.getLogger(__name__)
 MARKER = "COMPLETE"
 _STEP = re.compile(r"^step_(\d{6,})$")
+_LEFTOVER = re.compile(r"^step_(\d{6,})\.(partial|replaced)$")
 
 
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:06d}"
+
+
+def partial_dir(root: Path, step: int) -> Path:
+    """Where a save of `step` is written before it is renamed into place."""
+    return root / f"step_{step:06d}.partial"
 
 
 def is_complete(path: Path) -> bool:
@@ -45,19 +59,55 @@ def newest_complete(root: Path) -> tuple[int, Path] | None:
     return None
 
 
-def prune(root: Path, keep_last: int, keep_every: int = 0) -> list[Path]:
+def newest_verified(
+    root: Path, full: bool = True
+) -> tuple[tuple[int, Path] | None, list[tuple[Path, list[str]]]]:
+    """The newest checkpoint whose files match its manifest, and the newer ones skipped with why."""
+    skipped = []
+    for step, path in reversed(list_checkpoints(root)):
+        problems = verify(path, full=full)
+        if not problems:
+            return (step, path), skipped
+        skipped.append((path, problems))
+    return None, skipped
+
+
+def replace_into_place(partial: Path, final: Path) -> None:
+    """Rename a finished save to its step name; an existing directory of that name goes only after."""
+    if final.exists():
+        old = final.with_name(final.name + ".replaced")
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        partial.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        partial.rename(final)
+
+
+def prune(root: Path, keep_last: int, keep_every: int = 0, verified: Path | None = None) -> list[Path]:
     """Delete complete checkpoints beyond the newest `keep_last` (keeping every `keep_every`-th step),
-    and incomplete ones older than the newest complete one. Returns what was removed."""
+    incomplete ones older than the newest complete one, and leftover partial directories. The newest
+    checkpoint that verifies is never deleted: `verified` names it when the caller knows it (the save
+    that just finished), else it is found by verifying from the newest down. Returns what was removed."""
     ckpts = list_checkpoints(root)
+    if verified is None:
+        found, _ = newest_verified(root)
+        verified = found[1] if found else None
     complete = [(s, p) for s, p in ckpts if is_complete(p)]
     keep = {p for _, p in complete[-keep_last:]} if keep_last > 0 else {p for _, p in complete}
     if keep_every > 0:
         keep |= {p for s, p in complete if s % keep_every == 0}
+    if verified is not None:
+        keep.add(verified)
     newest = complete[-1][0] if complete else -1
     removed = []
     for s, p in ckpts:
         stale_partial = not is_complete(p) and s < newest
         if (is_complete(p) and p not in keep) or stale_partial:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    for p in root.iterdir() if root.is_dir() else []:
+        if _LEFTOVER.match(p.name) and p.is_dir():  # a save killed before its rename, a cut-short replace
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed

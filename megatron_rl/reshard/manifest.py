@@ -9,86 +9,25 @@ it staged, and a flipped byte, a missing run or a misplaced one changes the resu
 plan the checksum is a function of the bytes only, so publishing the same weights twice yields
 identical manifests.
 
-Digests (all of the tensor's row-major bytes):
-- `xxh3` (CPU default): 128-bit XXH3, ~9 GB/s per core here -- 6x sha256, 14x blake2b. Hashing
-  runs at publication speed on CPU, where the network is memory copies too, so a slow hash would
-  cost more than the transfer. Not cryptographic: the failure model is corruption (a flipped
-  bit, a dropped or misplaced run, a stale buffer), not an adversary; a random corruption goes
-  unnoticed with probability 2^-128.
-- `sha256`: cryptographic, ~1.4 GB/s (hardware-accelerated); for whoever wants it.
-- `wsum64` (CUDA default): computed on the device -- position-weighted sums of the 16-bit words
-  modulo 2^61-1, two weightings -- because hashing on the host would copy every published byte
-  over PCIe and run at one core's speed. It detects any change to one word and any reordering.
+Digests: checksum.py (xxh3 on CPU, mix128 computed with torch ops on CUDA, sha256 on request).
+
+Validation refuses, besides bytes that differ from what was sent: NaN/Inf (seen while the bytes are
+re-hashed, no extra pass), and any row of an engine tensor that no run covers, or that two runs
+cover (a plan or a sink that leaves bytes unchecked would otherwise activate them unseen).
 """
 
 from __future__ import annotations
 
 import hashlib
-import struct
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
 
+from megatron_rl.reshard.checksum import ALGORITHMS, default_algorithm, digest, digest_finite, digest_size
 from megatron_rl.reshard.convert import as_bytes, region
 
-ALGORITHMS = ("xxh3", "sha256", "wsum64")
-_DIGEST_SIZE = {"xxh3": 16, "sha256": 32, "wsum64": 32}
-_P61 = (1 << 61) - 1
-_P31 = (1 << 31) - 1
-_WSUM_CHUNK = 1 << 20  # words per step: bounds the int64 temporaries to ~24 MiB
-_WSUM_BLOCK = 1 << 15  # products summed in int64 before reducing
-# Two weightings (a*i + b) mod 2^31-1 whose zeros fall on different positions.
-_WSUM_WEIGHTS = ((1_000_003, 7), (2_147_483_589, 101))
-
-
-def default_algorithm(device: torch.device | str) -> str:
-    return "wsum64" if torch.device(device).type == "cuda" else "xxh3"
-
-
-def digest_size(algorithm: str) -> int:
-    if algorithm not in _DIGEST_SIZE:
-        raise ValueError(f"unknown checksum algorithm {algorithm!r}; use one of {ALGORITHMS}")
-    return _DIGEST_SIZE[algorithm]
-
-
-def _wsum64(words_u16: torch.Tensor, nbytes: int) -> bytes:
-    """Position-weighted sums of 16-bit words mod 2^61-1 (two weightings), as 32 bytes."""
-    n = words_u16.numel()
-    acc = [0, 0]
-    for start in range(0, n, _WSUM_CHUNK):
-        w = words_u16[start : start + _WSUM_CHUNK].to(torch.int64) & 0xFFFF
-        pad = -w.numel() % _WSUM_BLOCK
-        if pad:
-            w = torch.cat([w, w.new_zeros(pad)])
-        pos = torch.arange(start + 1, start + 1 + w.numel(), device=w.device, dtype=torch.int64) % _P31
-        for j, (a, b) in enumerate(_WSUM_WEIGHTS):
-            # weight < 2^31 and word < 2^16: a product < 2^47, a block of 2^15 products < 2^62.
-            weight = (pos * a + b) % _P31
-            blocks = (w * weight).view(-1, _WSUM_BLOCK).sum(1) % _P61
-            acc[j] = (acc[j] + sum(blocks.tolist())) % _P61
-    return struct.pack("<QQQQ", acc[0], acc[1], nbytes, 0x5753554D)
-
-
-def digest(t: torch.Tensor, algorithm: str = "xxh3") -> bytes:
-    """Digest of a tensor's bytes (row-major order; copies only when `t` is not contiguous)."""
-    raw = as_bytes(t)
-    if algorithm == "xxh3":
-        try:
-            import xxhash
-        except ImportError as e:  # a dependency of wandb, so normally present
-            raise ImportError(
-                "checksum 'xxh3' needs the xxhash package (pip install xxhash), or use 'sha256'"
-            ) from e
-        return xxhash.xxh3_128(raw.cpu().numpy()).digest()
-    if algorithm == "sha256":
-        return hashlib.sha256(raw.cpu().numpy()).digest()
-    if algorithm == "wsum64":
-        nbytes = raw.numel()
-        if nbytes % 2:
-            raw = torch.cat([raw, raw.new_zeros(1)])
-        return _wsum64(raw.view(torch.int16), nbytes)
-    raise ValueError(f"unknown checksum algorithm {algorithm!r}; use one of {ALGORITHMS}")
+__all__ = ["ALGORITHMS", "default_algorithm", "digest", "digest_size", "expected_manifest", "validate"]
 
 
 def pad_digest(nbytes: int) -> bytes:
@@ -161,16 +100,38 @@ def expected_manifest(
     """The manifest the senders' digests imply for one engine rank."""
     entries = {}
     for name, shape in shapes.items():
-        unit = 1
+        unit, dim = 1, runs[name][0].dim if runs.get(name) else 0
         for i, s in enumerate(shape):
-            unit *= s if i != runs[name][0].dim else 1
+            unit *= s if i != dim else 1
         parts = [
-            r.digest if r.digest is not None else pad_digest(r.length * unit * itemsize) for r in runs[name]
+            r.digest if r.digest is not None else pad_digest(r.length * unit * itemsize)
+            for r in runs.get(name, [])
         ]
         entries[name] = ManifestEntry(
             name, tuple(shape), dtype_name(dtype), tensor_checksum(shape, dtype, parts, algorithm), step
         )
     return Manifest(version, step, algorithm, entries)
+
+
+def coverage_problems(name: str, shape: tuple[int, ...], runs: list[Run]) -> list[str]:
+    """Rows of a tensor that no run covers, or that two runs cover (runs sorted by offset)."""
+    if not runs:
+        return [f"{name}: no transfer run covers any of its bytes"]
+    dims = {r.dim for r in runs}
+    if len(dims) != 1:
+        return [f"{name}: runs along several dimensions {sorted(dims)}; coverage cannot be checked"]
+    dim = dims.pop()
+    what = ("rows", "columns")[dim] if dim < 2 else f"dim-{dim} indices"
+    out, at = [], 0
+    for r in sorted(runs, key=lambda r: r.offset):
+        if r.offset > at:
+            out.append(f"{name}: {what} {at}..{r.offset} are covered by no transfer run")
+        elif r.offset < at:
+            out.append(f"{name}: {what} {r.offset}..{min(at, r.offset + r.length)} are covered by two runs")
+        at = max(at, r.offset + r.length)
+    if at != shape[dim]:
+        out.append(f"{name}: {what} {at}..{shape[dim]} are covered by no transfer run")
+    return out
 
 
 def validate(
@@ -182,7 +143,8 @@ def validate(
     """Everything wrong with a staged version, empty when it may activate.
 
     Checks that every required tensor is there, with its shape and dtype, that no unexpected
-    tensor is, and recomputes every run's digest from the staged bytes (padding must be zero).
+    tensor is, that the runs cover every byte exactly once, and recomputes every run's digest from
+    the staged bytes (padding must be zero), refusing NaN/Inf as it goes.
     """
     problems: list[str] = []
     for name, entry in expected.entries.items():
@@ -199,7 +161,11 @@ def validate(
         if dtype_name(t.dtype) != entry.dtype:
             problems.append(f"{name}: dtype {dtype_name(t.dtype)}, manifest says {entry.dtype}")
             continue
-        parts = []
+        uncovered = coverage_problems(name, entry.shape, runs.get(name, []))
+        if uncovered:
+            problems += uncovered
+            continue
+        parts, nonfinite = [], []
         for r in runs[name]:
             part = region(t, r.dim, r.offset, r.length)
             if r.digest is None:
@@ -207,13 +173,17 @@ def validate(
                     problems.append(f"{name}: padding rows {r.offset}..{r.offset + r.length} are not zero")
                 parts.append(pad_digest(part.numel() * part.element_size()))
             else:
-                parts.append(digest(part, expected.algorithm))
+                d, finite = digest_finite(part, expected.algorithm)
+                parts.append(d)
+                if not finite:
+                    nonfinite.append(r)
+        if nonfinite:
+            where = ", ".join(_where(r) for r in nonfinite[:3])
+            problems.append(f"{name}: non-finite values (NaN or Inf) in {where}")
         got = tensor_checksum(entry.shape, t.dtype, parts, expected.algorithm)
         if got != entry.checksum:
             bad = [r for r, d in zip(runs[name], parts) if r.digest is not None and d != r.digest]
-            where = ", ".join(
-                f"{('rows', 'columns')[r.dim]} {r.offset}..{r.offset + r.length}" for r in bad[:3]
-            )
+            where = ", ".join(_where(r) for r in bad[:3])
             problems.append(
                 f"{name}: checksum mismatch in {where or 'padding'}; bytes differ from what was sent"
             )
@@ -221,3 +191,7 @@ def validate(
     if extra:
         problems.append(f"unexpected tensors staged: {extra[:5]}")
     return problems
+
+
+def _where(r: Run) -> str:
+    return f"{('rows', 'columns')[r.dim]} {r.offset}..{r.offset + r.length}"

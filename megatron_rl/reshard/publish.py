@@ -21,6 +21,13 @@ The sink contract (`EngineSink`), for whoever connects an engine:
   rejected), handed back for the publisher to stage the next version into. On CPU this saves
   faulting in fresh pages for every publication (~1/3 of a local copy's time here); the CUDA
   caching allocator makes it moot on GPU. A sink without it simply gets fresh tensors.
+Refusals: a publication is refused -- not activated, the previous version keeps serving, every
+rank returns `activated=False` with every rank's problems -- when the shards passed in are wrong
+(a duplicated, missing or unknown name, a wrong shape or dtype: no transfer runs then), when its
+version does not increase on the last activated one (a rewound `next_version`, a version < 1), or
+when validation fails on any engine rank (checksum, NaN/Inf, uncovered bytes, missing tensors).
+What the run does next is the loop's policy (loop/publication.py), not the publisher's.
+
 Memory: the staged copy is one extra copy of what the rank receives -- its own shards with
 in-place delivery (model / engine TP), the whole model with loader delivery (vLLM's CPU build
 slices after loading) -- alive from staging until activation. That copy is the price of never
@@ -39,14 +46,8 @@ import torch.distributed as dist
 
 from megatron_rl.layout import ParallelLayout
 from megatron_rl.models.spec import ModelSpec
-from megatron_rl.reshard.manifest import (
-    Manifest,
-    Run,
-    default_algorithm,
-    digest_size,
-    expected_manifest,
-    validate,
-)
+from megatron_rl.reshard.checksum import default_algorithm, digest_size
+from megatron_rl.reshard.manifest import Manifest, Run, expected_manifest, validate
 from megatron_rl.reshard.plan import Links, ReshardPlan, build_plan
 from megatron_rl.reshard.transfer import DIRECT_MIN_BYTES, RecvHook, TransferStats, run_transfer
 
@@ -113,10 +114,8 @@ class PublishResult:
     stats: TransferStats
     seconds: dict[str, float] = field(default_factory=dict)
     bytes_staged: int = 0
-
-
-class PublishInputError(ValueError):
-    """The shards given to `publish` do not match the plan (wrong layout, missing or odd tensors)."""
+    attempts: int = 1  # publications tried this step (the loop's retry policy sets it)
+    action: str = ""  # what the loop did about a refusal (loop/publication.py)
 
 
 class Publisher:
@@ -148,6 +147,7 @@ class Publisher:
         self.active_manifest: Manifest | None = None
         # The version the next publish stages; a resumed run sets it (rejected versions are not reused).
         self.next_version = 1
+        self.last_activated: int | None = None  # the same on every rank (activation is agreed)
         self._spare: dict[str, torch.Tensor] = {}
 
     @property
@@ -160,11 +160,14 @@ class Publisher:
         """Move this rank's shards to the engines and activate the new version if it is whole."""
         t0 = time.perf_counter()
         rank, plan = self.rank, self.plan
-        sources = self._agree(self._check_sources(named_params, rank))
         version, self.next_version = self.next_version, self.next_version + 1
         targets = plan.targets.get(rank, {})
         if targets and self.sink is None:
             raise RuntimeError(f"rank {rank} is an engine rank of the layout but its Publisher has no sink")
+        sources, problems = self._check_sources(named_params, rank)
+        problems = self._all_problems(problems + self._check_version(version))
+        if problems:  # nothing moves: every rank returns the same refusal
+            return self._refused(version, step, problems, time.perf_counter() - t0)
         staged = {n: self._buffer(n, t.shape) for n, t in targets.items()}
         self._spare = {}
         for name, lay in targets.items():
@@ -205,7 +208,7 @@ class Publisher:
             take = getattr(self.sink, "take_retired", None)
             self._spare = take() if take is not None else {}
         if not problems:
-            self.active_manifest = manifest
+            self.active_manifest, self.last_activated = manifest, version
         t4 = time.perf_counter()
         secs = dict(stage_alloc=t1 - t0, transfer=t2 - t1, validate=t3 - t2, activate=t4 - t3, total=t4 - t0)
         return PublishResult(
@@ -250,42 +253,74 @@ class Publisher:
             out[name] = sorted(runs, key=lambda r: r.offset)
         return out
 
-    def _check_sources(self, named_params: Iterable[tuple[str, torch.Tensor]], rank: int) -> tuple[dict, str]:
+    def _check_sources(
+        self, named_params: Iterable[tuple[str, torch.Tensor]], rank: int
+    ) -> tuple[dict[str, torch.Tensor], list[str]]:
+        """This rank's shards by name, and what is wrong with them (empty when they match the plan)."""
         expected = self.plan.sources.get(rank, {})
-        got = {name: t.detach() for name, t in named_params}
+        got: dict[str, torch.Tensor] = {}
+        duplicated = []
+        for name, t in named_params:
+            if name in got:
+                duplicated.append(name)
+            got[name] = t.detach()
         needed = {p.src_name for p in self.plan.pieces if p.src == rank}
-        err = ""
+        problems = []
+        if duplicated:
+            problems.append(
+                f"rank {rank} passed {sorted(set(duplicated))[:4]} more than once (which copy is the policy?)"
+            )
         unknown = sorted(set(got) - set(expected))
-        missing = sorted(needed - set(got))
         if unknown:
             role = "a trainer rank" if expected else "not a trainer rank of the layout (pass nothing)"
-            err = f"rank {rank} passed tensors the plan does not expect here ({role}): {unknown[:4]}"
-        elif missing:
-            err = f"rank {rank} did not pass {missing[:4]}: pass policy.named_parameters_global() on every trainer rank"
-        else:
-            for name, t in got.items():
-                if tuple(t.shape) != expected[name].shape:
-                    err = f"rank {rank}: {name} has shape {list(t.shape)}, the layout says {list(expected[name].shape)}"
-                elif t.dtype != self.dtype:
-                    err = (
-                        f"rank {rank}: {name} is {t.dtype}, the publisher was built for {self.dtype} "
-                        f"(pass Publisher(dtype=...) = the trainer's parameter dtype)"
-                    )
-                if err:
-                    break
-        return got, err
+            problems.append(
+                f"rank {rank} passed tensors the plan does not expect here ({role}): {unknown[:4]}"
+            )
+        missing = sorted(needed - set(got))
+        if missing:
+            problems.append(
+                f"rank {rank} did not pass {missing[:4]}: pass policy.named_parameters_global() on every "
+                "trainer rank"
+            )
+        for name, t in got.items():
+            if name not in expected:
+                continue
+            if tuple(t.shape) != expected[name].shape:
+                problems.append(
+                    f"rank {rank}: {name} has shape {list(t.shape)}, the layout says {list(expected[name].shape)}"
+                )
+            elif t.dtype != self.dtype:
+                problems.append(
+                    f"rank {rank}: {name} is {t.dtype}, the publisher was built for {self.dtype} "
+                    f"(pass Publisher(dtype=...) = the trainer's parameter dtype)"
+                )
+        return got, problems[:8]
 
-    def _agree(self, checked: tuple[dict, str]) -> dict[str, torch.Tensor]:
-        """Raise on every rank if any rank's input is wrong (one rank raising alone would hang the rest)."""
-        got, err = checked
-        if dist.is_initialized():
-            flag = torch.tensor([1 if err else 0], device=self._comm_device())
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() and not err:
-                err = "another rank passed shards that do not match the plan (its error names them)"
-        if err:
-            raise PublishInputError(err)
-        return got
+    def _check_version(self, version: int) -> list[str]:
+        """A version must be >= 1 and above every version activated before (here or on this sink)."""
+        floor = max(
+            v
+            for v in (0, self.last_activated, self.sink.active_version if self.sink else None)
+            if v is not None
+        )
+        if version <= floor:
+            return [
+                f"rank {self.rank}: version {version} does not increase on the active version {floor} "
+                "(Publisher.next_version was set back)"
+            ]
+        return []
+
+    def _refused(self, version: int, step: int, problems: list[str], seconds: float) -> PublishResult:
+        return PublishResult(
+            version=version,
+            step=step,
+            activated=False,
+            active_version=self.sink.active_version if self.sink is not None else None,
+            problems=problems,
+            manifest=None,
+            stats=TransferStats(),
+            seconds={"total": seconds},
+        )
 
     def _all_problems(self, problems: list[str]) -> list[str]:
         if not dist.is_initialized():

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from megatron_rl.reshard.checksum import digest, digest_size
 from megatron_rl.reshard.convert import as_bytes, region
-from megatron_rl.reshard.manifest import digest, digest_size
 from megatron_rl.reshard.plan import Piece, ReshardPlan
 
 DIRECT_MIN_BYTES = 256 << 10  # smaller pieces are packed: per-message overhead beats a memcpy

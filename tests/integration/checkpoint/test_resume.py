@@ -11,14 +11,13 @@
 import json
 import os
 import random
-import signal
 import time
 
 import pytest
 import torch
 
 from tests.helpers.launch import torchrun
-from tests.helpers.tiny_run import launch, records
+from tests.helpers.tiny_run import kill_run, launch, records
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 N = 2
@@ -51,8 +50,7 @@ def runs(tmp_path_factory):
             raise AssertionError("run B ended before it could be killed")
         time.sleep(0.05)
     time.sleep(random.Random(os.getpid()).uniform(0.0, 2.5))
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_run(proc)  # the ranks too: torchrun puts each in a session of its own
     killed_after = len(steps_file.read_text().splitlines())
     launch(tmp, 2 * N, SAVE, name="B")  # resume=auto
     return tmp, killed_after

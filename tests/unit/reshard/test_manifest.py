@@ -15,7 +15,7 @@ from megatron_rl.reshard.manifest import (
 )
 
 
-@pytest.mark.parametrize("algorithm", ["xxh3", "sha256", "wsum64"])
+@pytest.mark.parametrize("algorithm", ["xxh3", "sha256", "mix128"])
 def test_digest_sees_every_byte_and_every_position(algorithm):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(257, 33, generator=g)
@@ -34,17 +34,17 @@ def test_digest_sees_every_byte_and_every_position(algorithm):
     assert digest(x[:, 5:9], algorithm) == digest(x[:, 5:9].contiguous(), algorithm)
 
 
-def test_wsum64_handles_odd_byte_counts_and_bf16():
+def test_mix128_handles_odd_byte_counts_and_bf16():
     x = torch.randn(7, dtype=torch.float32).to(torch.bfloat16)  # 14 bytes
     y = x.clone()
     y.view(torch.int16)[6] ^= 1
-    assert digest(x, "wsum64") != digest(y, "wsum64")
-    assert digest(torch.zeros(3, dtype=torch.uint8), "wsum64") != digest(
-        torch.zeros(4, dtype=torch.uint8), "wsum64"
+    assert digest(x, "mix128") != digest(y, "mix128")
+    assert digest(torch.zeros(3, dtype=torch.uint8), "mix128") != digest(
+        torch.zeros(4, dtype=torch.uint8), "mix128"
     )
     with pytest.raises(ValueError, match="sha256"):
         digest(x, "md4")
-    assert default_algorithm("cpu") == "xxh3" and default_algorithm("cuda") == "wsum64"
+    assert default_algorithm("cpu") == "xxh3" and default_algorithm("cuda") == "mix128"
     assert len(digest(x, "xxh3")) == digest_size("xxh3") == 16 and digest_size("sha256") == 32
 
 

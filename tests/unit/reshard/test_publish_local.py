@@ -3,13 +3,15 @@
 The multi-process paths (collectives, PP, DP, separated pools) are in tests/dist/reshard.
 """
 
+import re
+
 import pytest
 import torch
 
 from megatron_rl.layout import ParallelLayout
 from megatron_rl.models.hf import megatron_names
 from megatron_rl.reshard.convert import bytes_equal
-from megatron_rl.reshard.publish import InMemorySink, Publisher, PublishInputError
+from megatron_rl.reshard.publish import InMemorySink, Publisher
 from tests.helpers.specs import QWEN2_TINY
 from tests.unit.reshard.oracle import expected_engine_tensors, megatron_shard, random_hf
 
@@ -106,18 +108,24 @@ def test_faulty_version_is_rejected_and_previous_one_serves(damage, message):
     assert again.activated and again.version == 3  # a rejected version number is never reused
 
 
-def test_bad_inputs_are_named():
+def test_bad_inputs_are_refused_and_named():
     params = _trainer(random_hf(SPEC))
-    pub = Publisher(ParallelLayout(), SPEC, InMemorySink())
-    with pytest.raises(PublishInputError, match="did not pass.*named_parameters_global"):
-        pub.publish([(n, t) for n, t in params.items() if "fc2" not in n], step=0)
-    with pytest.raises(PublishInputError, match="does not expect"):
-        pub.publish([*params.items(), ("decoder.layers.9.mlp.linear_fc1.weight", torch.zeros(1))], step=0)
-    bad = dict(params, **{"decoder.final_layernorm.weight": torch.zeros(3)})
-    with pytest.raises(PublishInputError, match="final_layernorm.weight has shape"):
-        pub.publish(bad.items(), step=0)
-    with pytest.raises(PublishInputError, match="dtype"):
-        pub.publish(((n, t.double()) for n, t in params.items()), step=0)
+    sink = InMemorySink()
+    pub = Publisher(ParallelLayout(), SPEC, sink)
+    assert pub.publish(params.items(), step=0).activated
+    cases = [
+        ([(n, t) for n, t in params.items() if "fc2" not in n], "did not pass.*named_parameters_global"),
+        ([*params.items(), ("decoder.layers.9.mlp.linear_fc1.weight", torch.zeros(1))], "does not expect"),
+        (
+            dict(params, **{"decoder.final_layernorm.weight": torch.zeros(3)}).items(),
+            "final_layernorm.weight has shape",
+        ),
+        (((n, t.double()) for n, t in params.items()), "dtype"),
+    ]
+    for named, message in cases:
+        r = pub.publish(named, step=1)
+        assert not r.activated and any(re.search(message, p) for p in r.problems), r.problems
+        assert sink.active_version == 1 and r.active_version == 1 and r.stats.local == 0  # nothing moved
     with pytest.raises(RuntimeError, match="no sink"):
         Publisher(ParallelLayout(), SPEC).publish(params.items(), step=0)
 

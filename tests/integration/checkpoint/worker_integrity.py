@@ -1,0 +1,104 @@
+"""torchrun worker (TP2): real megatron-core checkpoints for the integrity tests.
+
+    torchrun --nproc-per-node 2 worker_integrity.py save ROOT     # steps 1, 2 async and 3 sync
+    torchrun --nproc-per-node 2 worker_integrity.py load ROOT     # resume=auto: which step, which weights
+    torchrun --nproc-per-node 2 worker_integrity.py continue ROOT # load step 1, redo step 2's update
+    torchrun --nproc-per-node 2 worker_integrity.py nospace ROOT sync|async  # ROOT on a disk too small
+
+Prints one JSON line (rank 0) prefixed with RESULT. Weights are compared by their digest per rank.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+class _Run:  # the two fields Checkpointer and load() use
+    def __init__(self, rank: int):
+        self.rank, self.is_main = rank, rank == 0
+
+
+class _Task:  # the prompt stream's state is not part of these checks
+    def load_state(self, state) -> None:
+        pass
+
+
+def _weights_digest(policy) -> str:
+    from megatron_rl.reshard.checksum import digest
+
+    parts = [digest(p.detach(), "xxh3").hex() for p in policy.model.parameters()]
+    return digest(torch.frombuffer(bytearray("".join(parts).encode()), dtype=torch.uint8)).hex()
+
+
+def _all_digests(policy) -> list[str]:
+    out: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, _weights_digest(policy))
+    return out
+
+
+def _train_step(policy, spec, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(0, spec.vocab_size, (32,), generator=g).tolist() for _ in range(4)]
+    policy.train_step(seqs, [8] * 4, lambda lp, mb: (-(lp * mb.loss_mask_BT).sum() / 96.0, {}))
+
+
+def main() -> None:
+    from megatron_rl.checkpoint.integrity import NoSpaceError
+    from megatron_rl.checkpoint.resume import find, load
+    from megatron_rl.checkpoint.save import Checkpointer
+    from megatron_rl.config.load import load_recipe
+    from megatron_rl.models.megatron import ParallelSizes
+    from megatron_rl.models.spec import ModelSpec
+    from megatron_rl.trainer.parallel import init_parallel
+    from megatron_rl.trainer.policy import OptimSettings, Policy
+
+    mode, root = sys.argv[1], Path(sys.argv[2])
+    state = init_parallel(2, 1)
+    spec = ModelSpec.from_config(load_recipe("grpo_tiny_cpu").model)
+    policy = Policy(spec, state, ParallelSizes(2, 1), optim=OptimSettings(lr=1e-3), micro_batch_size=2)
+    run = _Run(dist.get_rank())
+    result: dict = {}
+    if mode == "save":
+        ck = Checkpointer(root, run, keep_last=5, async_save=True)
+        for step in (1, 2):
+            _train_step(policy, spec, step)
+            ck.save(step, policy, None, {"step": step, "world_size": 2, "task": {}})
+            result[step] = _all_digests(policy)
+        ck.close()
+        _train_step(policy, spec, 3)
+        Checkpointer(root, run, keep_last=5, async_save=False).save(
+            3, policy, None, {"step": 3, "world_size": 2, "task": {}}
+        )
+        result[3] = _all_digests(policy)
+    elif mode == "load":
+        path = find("auto", root)
+        result["path"] = str(path) if path else None
+        if path is not None:
+            _train_step(policy, spec, 99)  # the optimizer state must exist to load into it
+            result["step"] = load(path, run, policy, None, _Task())["step"]
+            result["digests"] = _all_digests(policy)
+    elif mode == "continue":  # resume from step 1 and take step 2's optimizer step again
+        _train_step(policy, spec, 99)
+        load(root / "step_000001", run, policy, None, _Task())
+        _train_step(policy, spec, 2)
+        result["digests"] = _all_digests(policy)
+    elif mode == "nospace":
+        _train_step(policy, spec, 1)
+        ck = Checkpointer(root, run, async_save=sys.argv[3] == "async")
+        try:
+            ck.save(1, policy, None, {"step": 1, "world_size": 2, "task": {}})
+            ck.close()
+            result["error"] = None
+        except NoSpaceError as e:
+            result["error"] = str(e)
+            result["cause"] = repr(e.__cause__)[:300] if e.__cause__ else None
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
