@@ -1,15 +1,21 @@
-"""GPU checks of the trainer, for a machine with CUDA (one GPU is enough). Prints JSON.
+"""One-GPU check of the trainer's GPU path, for the day a device is lent (~10 min on one H200). Prints JSON.
 
-    pip install megatron-core==0.16.1   # if the machine's PyTorch lacks it
-    python tools/gpu_check.py [--out gpu.json] [--skip-mfu]
+    python tools/gpu_check.py                      # on the GPU machine: torch + megatron-core only
+    python tools/gpu_check.py --device cpu         # dry run here (tiny models; the same code path)
 
-1. Log-prob agreement: the trainer built at TP1 from a random HF checkpoint, with the CPU patches
-   *not* applied (CUDA present), against HF transformers on the same weights -- fp32 (expected
-   <= 1e-5, like the CPU tests) and bf16 (stated separately: bf16 rounding gives ~1e-2).
-2. MFU: forward+backward of a ~1B-parameter config in bf16, timed; MFU = 6 * params * tokens / time /
-   peak (the planner assumes 40% of the recipe's peak; --peak-tflops sets the GPU's dense bf16 peak).
-3. The loop's trainer half on a ~1B config: old and reference log-probs and one minibatch update,
-   each timed with the telemetry's phase timer (GPU allocated/reserved, peak reset per phase).
+World size 1, no vLLM. Each check runs the package's own code, as the loop calls it:
+  hf        HF import + log-prob agreement with HF transformers on the same random checkpoint
+            (fp32: <= 1e-4; bf16 stated apart: rounding gives ~1e-2), and whether CPU patches ran;
+  train     one real `train_step` with the loop's GRPO loss (its per-token extras made on the host
+            by loop/rl_batch.py, as in train.py) and KL to a frozen reference that lives on the host
+            between uses (algorithm.reference=offload);
+  preempt   SIGUSR1 to this process, agreed on the CPU group;
+  publish   a publication into an in-memory sink in both deliveries (inplace, loader);
+  ckpt      async checkpoint save, then load into perturbed weights (weights must come back);
+  telemetry the phase timer's CUDA branch (peak allocated per phase);
+  mfu       bf16 forward+backward of a ~1B model through the real train_step (tiny on CPU), timed:
+            MFU = 6 x params x tokens / time / peak.
+A failing check is reported with its error and the others still run; the exit code is 1 if any failed.
 """
 
 from __future__ import annotations
@@ -17,11 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -47,26 +56,59 @@ ONE_B = replace(
     max_position_embeddings=4096,
     params_dtype="bf16",
 )
+ALGO = SimpleNamespace(
+    loss_agg="token-mean",
+    kl_in_reward=False,
+    kl_coef=0.01,
+    kl_estimator="k3",
+    clip_low=0.2,
+    clip_high=0.28,
+    truncated_is_cap=2.0,
+    overlong="none",
+    overlong_penalty_tokens=0,
+    advantage_std_norm=True,
+)
 
 
 def _init():
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    for k, v in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(k, v)
     os.environ.setdefault("MASTER_PORT", "29591")
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
     from megatron_rl.trainer.parallel import init_parallel
 
     return init_parallel(1, 1)
 
 
-def logprob_agreement(state, tmp: Path) -> dict:
+def _policy(spec, state, dtype=None, optim=True, mbs=2, recompute="none"):
+    from megatron_rl.models.megatron import ParallelSizes
+    from megatron_rl.trainer.policy import OptimSettings, Policy
+
+    settings = OptimSettings(lr=1e-4) if optim else None
+    return Policy(spec, state, ParallelSizes(1, 1, recompute=recompute), dtype, settings, mbs)
+
+
+def _samples(spec, n_prompts=2, n=4, prompt_len=12, max_new=24, seed=0):
+    """Scored samples as the loop holds them (rewards, engine log-probs), deterministic."""
+    from megatron_rl.loop.rl_batch import ScoredSample
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for p in range(n_prompts):
+        prompt = torch.randint(0, spec.vocab_size, (prompt_len,), generator=g).tolist()
+        for s in range(n):
+            length = int(torch.randint(4, max_new + 1, (1,), generator=g))
+            tokens = torch.randint(0, spec.vocab_size, (length,), generator=g).tolist()
+            logprobs = (-3.0 * torch.rand(length, generator=g)).tolist()
+            out.append(ScoredSample(p, s, prompt, tokens, logprobs, False, 1, float(s % 2), "ok"))
+    return out
+
+
+def check_hf(state, tmp: Path, on_gpu: bool) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from megatron_rl.models.megatron import ParallelSizes
     from megatron_rl.models.tiny import write_hf_checkpoint
+    from megatron_rl.trainer.cpu_compat import applied_patches
     from megatron_rl.trainer.hf_import import load_hf_into
-    from megatron_rl.trainer.policy import Policy
 
     ckpt = write_hf_checkpoint(TINY, tmp / "tiny")
     g = torch.Generator().manual_seed(0)
@@ -78,46 +120,150 @@ def logprob_agreement(state, tmp: Path) -> dict:
         with torch.no_grad():
             lp = torch.log_softmax(hf(torch.tensor([s])).logits[0].float(), -1)
         ref.append(lp[torch.arange(p - 1, len(s) - 1), torch.tensor(s[p:])])
-    out = {}
-    for dtype in ("fp32", "bf16"):
-        pol = Policy(TINY, state, ParallelSizes(1, 1), dtype=dtype)
+    diffs = {}
+    for dtype in ("fp32", "bf16") if on_gpu else ("fp32",):
+        pol = _policy(TINY, state, dtype, optim=False)
         load_hf_into(pol.model, TINY, ckpt, 1, 0, pol.padded_vocab)
         got = pol.logprobs(seqs, plens)
-        out[dtype] = max((a.cpu() - b).abs().max().item() for a, b in zip(got, ref))
+        diffs[dtype] = max((a.cpu() - b).abs().max().item() for a, b in zip(got, ref))
+    ok = diffs["fp32"] <= 1e-4 and (applied_patches() == []) == on_gpu
+    return {"ok": ok, "max_abs_diff_vs_hf": diffs, "cpu_patches_applied": applied_patches()}
+
+
+def check_train(state, timer) -> dict:
+    """The loop's trainer half: old and reference log-probs, advantages, one update with the GRPO loss."""
+    from megatron_rl.loop.rl_batch import (
+        advantages_with_kl,
+        global_normaliser,
+        grpo_loss_fn,
+        loss_mask_keep,
+        minibatch_extras,
+    )
+
+    policy = _policy(TINY, state)
+    reference = _policy(TINY, state, optim=False)
+    with torch.no_grad():
+        for (_, p), (_, q) in zip(reference.named_parameters_global(), policy.named_parameters_global()):
+            p.copy_(q)
+    reference.offload_between_uses = True
+    moved = reference.weights_to_host()
+    samples = _samples(TINY)
+    idx = list(range(len(samples)))
+    seqs, plens = [s.sequence for s in samples], [s.prompt_len for s in samples]
+    with timer.phase("old_logprobs"):
+        old = dict(zip(idx, policy.logprobs(seqs, plens)))
+    with timer.phase("ref_logprobs"):
+        ref = dict(zip(idx, reference.logprobs(seqs, plens)))
+    adv = advantages_with_kl(samples, 4, ALGO, 24, None)
+    keep = loss_mask_keep(samples, ALGO)
+    loss_fn = grpo_loss_fn(ALGO, 24, global_normaliser(samples, idx, keep, ALGO.loss_agg))
+    extras = minibatch_extras(samples, idx, adv, keep, old, ref)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters_global()}
+    metrics = policy.train_step(seqs, plens, loss_fn, extras=extras, timer=timer)
+    moved_by = max((p.detach() - before[n]).abs().max().item() for n, p in policy.named_parameters_global())
+    ok = (
+        metrics["update_successful"] == 1.0 and moved_by > 0 and torch.isfinite(torch.tensor(metrics["loss"]))
+    )
+    ok = bool(ok) and reference.weights_on_host == moved
     return {
-        "max_abs_diff_vs_hf": out,
-        "cpu_patches_applied": __import__("megatron_rl.trainer.cpu_compat", fromlist=["x"]).applied_patches(),
+        "ok": ok,
+        "metrics": metrics,
+        "max_param_change": moved_by,
+        "reference_on_host_between_uses": reference.weights_on_host,
+        "policy": policy,
+        "reference": reference,
     }
 
 
-def mfu(state, peak_tflops: float, seq_len: int = 2048, micro_batch: int = 4, iters: int = 5) -> dict:
-    from megatron_rl.models.megatron import ParallelSizes
-    from megatron_rl.trainer.policy import OptimSettings, Policy
+def check_preempt(state) -> dict:
+    from megatron_rl.checkpoint.preempt import Preemption
 
-    pol = Policy(
-        ONE_B,
-        state,
-        ParallelSizes(1, 1, recompute="none"),
-        optim=OptimSettings(lr=1e-5),
-        micro_batch_size=micro_batch,
-    )
-    params = sum(p.numel() for p in pol.model.parameters())
-    seqs = [torch.randint(0, ONE_B.vocab_size, (seq_len,)).tolist() for _ in range(micro_batch * 2)]
+    pre = Preemption(state.cpu_group)
+    before = pre.requested()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(0.1)
+    after = pre.requested()
+    return {"ok": (before, after) == (False, True), "before": before, "after_signal": after}
+
+
+def check_publish(policy, spec) -> dict:
+    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.models.hf import megatron_full_to_hf
+    from megatron_rl.reshard.publish import InMemorySink, Publisher
+
+    out = {"ok": True}
+    for delivery in ("inplace", "loader"):
+        sink = InMemorySink()
+        pub = Publisher(ParallelLayout(), spec, sink=sink, delivery=delivery)
+        res = pub.publish(policy.named_parameters_global(), step=0)
+        served = dict(sink.tensors())
+        entry = {"activated": res.activated, "tensors": len(served), "problems": res.problems[:3]}
+        if delivery == "loader":  # HF names: compare with the trainer's weights converted by hand
+            want = {}
+            for name, p in policy.named_parameters_global():
+                want.update(megatron_full_to_hf(spec, name, p.detach()))
+            entry["max_abs_diff"] = max(
+                (served[k].float() - want[k].float()).abs().max().item() for k in served
+            )
+            entry["ok"] = res.activated and set(served) <= set(want) and entry["max_abs_diff"] == 0.0
+        else:
+            entry["ok"] = res.activated and len(served) > 0
+        out[delivery] = entry
+        out["ok"] = out["ok"] and entry["ok"]
+    return out
+
+
+def check_ckpt(policy, reference, tmp: Path) -> dict:
+    import torch.distributed as dist
+
+    from megatron_rl.checkpoint.resume import load
+    from megatron_rl.checkpoint.save import Checkpointer
+    from megatron_rl.data.synthetic import ArithmeticTask
+
+    run = SimpleNamespace(rank=0, is_main=True)
+    task = ArithmeticTask(seed=0)
+    saver = Checkpointer(tmp / "ckpt", run, keep_last=2, async_save=True)
+    run_state = {"step": 1, "version": 1, "task": task.state(), "world_size": dist.get_world_size()}
+    want = {n: p.detach().clone() for n, p in policy.named_parameters_global()}
+    t0 = time.perf_counter()
+    path = saver.save(1, policy, reference, run_state)
+    blocking = time.perf_counter() - t0
+    saver.wait()
+    saver.close()
+    with torch.no_grad():
+        for _, p in policy.named_parameters_global():
+            p.add_(1.0)
+    reference.weights_to_device()
+    load(path, run, policy, reference, task)
+    err = max((p.detach() - want[n]).abs().max().item() for n, p in policy.named_parameters_global())
+    return {"ok": err == 0.0 and path.exists(), "blocking_s": blocking, "max_abs_diff_after_load": err}
+
+
+def check_mfu(state, spec, peak_tflops: float, seq_len: int, micro_batch: int, iters: int, timer) -> dict:
+    dtype = "bf16" if torch.cuda.is_available() else "fp32"
+    policy = _policy(spec, state, dtype, mbs=micro_batch)
+    params = sum(p.numel() for p in policy.model.parameters())
+    seqs = [torch.randint(0, spec.vocab_size, (seq_len,)).tolist() for _ in range(micro_batch * 2)]
     plens = [1] * len(seqs)
     tokens = sum(len(s) for s in seqs)
 
-    def loss(lp, mb):
-        return -(lp * mb.loss_mask_BT.to(lp.device)).sum() / tokens, {}
+    def loss(lp, mb):  # a likelihood step: the MFU is the model's, not the loss's
+        return -(lp * mb.loss_mask_BT).sum() / tokens, {}
 
-    pol.train_step(seqs, plens, loss)  # warm-up
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    policy.train_step(seqs, plens, loss)  # warm-up
+    sync()
     t0 = time.perf_counter()
-    for _ in range(iters):
-        pol.train_step(seqs, plens, loss)
-    torch.cuda.synchronize()
+    with timer.phase("train_fwd_bwd"):
+        for _ in range(iters):
+            policy.train_step(seqs, plens, loss)
+        sync()
     dt = (time.perf_counter() - t0) / iters
     achieved = 6 * params * tokens / dt / 1e12
     return {
+        "ok": dt > 0,
+        "model": spec.name,
+        "dtype": dtype,
         "params": params,
         "tokens_per_step": tokens,
         "seconds_per_step": dt,
@@ -127,65 +273,53 @@ def mfu(state, peak_tflops: float, seq_len: int = 2048, micro_batch: int = 4, it
     }
 
 
-def loop_phases(state) -> dict:
-    from megatron_rl.models.megatron import ParallelSizes
-    from megatron_rl.telemetry.phases import PhaseTimer
-    from megatron_rl.trainer.policy import OptimSettings, Policy
-
-    timer = PhaseTimer()
-    with timer.phase("init"):
-        pol = Policy(
-            ONE_B,
-            state,
-            ParallelSizes(1, 1, recompute="full"),
-            optim=OptimSettings(lr=1e-6),
-            micro_batch_size=4,
-        )
-        ref = Policy(ONE_B, state, ParallelSizes(1, 1), micro_batch_size=4)
-    seqs = [torch.randint(0, ONE_B.vocab_size, (1024 + 64 * i,)).tolist() for i in range(16)]
-    plens = [256] * len(seqs)
-    with timer.phase("old_logprobs"):
-        old = pol.logprobs(seqs, plens)
-    with timer.phase("ref_logprobs"):
-        ref.logprobs(seqs, plens)
-    tokens = float(sum(len(s) - p for s, p in zip(seqs, plens)))
-    extras = {"old": [o.cpu() for o in old]}
-
-    def loss(lp, mb):
-        from megatron_rl.algorithms import grpo_loss
-
-        dev = lp.device
-        adv = torch.ones(lp.shape[0], device=dev)
-        return grpo_loss(lp, mb.extras["old"].to(dev), adv, mb.loss_mask_BT.to(dev), global_tokens=tokens)
-
-    pol.train_step(seqs, plens, loss, extras=extras, timer=timer)
-    return {
-        k: {"seconds": v.seconds, "allocated_gib": v.mem_gib, "reserved_gib": v.reserved_gib}
-        for k, v in timer.take().items()
-    }
+def _run(report: dict, name: str, fn, *args):
+    t0 = time.perf_counter()
+    try:
+        out = fn(*args)
+    except Exception as e:  # report it and go on: the lent minutes should show every failure at once
+        out = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+    out["seconds"] = round(time.perf_counter() - t0, 3)
+    report[name] = {k: v for k, v in out.items() if k not in ("policy", "reference")}
+    return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--out", default="gpu_check.json")
-    p.add_argument(
-        "--peak-tflops", type=float, default=989.0, help="dense bf16 peak of this GPU (H100 SXM: 989)"
-    )
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100/H200 SXM: 989)")
     p.add_argument("--skip-mfu", action="store_true")
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here; run it on a GPU machine", file=sys.stderr)
+    args = p.parse_args(argv)
+    on_gpu = torch.cuda.is_available()
+    if (args.device == "cuda") != on_gpu:
+        have = "a CUDA device" if on_gpu else "no CUDA device"
+        print(f"gpu_check: --device {args.device} but this machine has {have}", file=sys.stderr)
         return 2
+    from megatron_rl.telemetry.phases import PhaseTimer
+
     state = _init()
-    report = {"device": torch.cuda.get_device_name(0)}
+    timer = PhaseTimer()
+    report: dict = {"device": torch.cuda.get_device_name(0) if on_gpu else "cpu", "timer_cuda": timer.cuda}
     with tempfile.TemporaryDirectory() as tmp:
-        report["logprobs"] = logprob_agreement(state, Path(tmp))
-    if not args.skip_mfu:
-        report["mfu"] = mfu(state, args.peak_tflops)
-        report["loop_phases"] = loop_phases(state)
-    Path(args.out).write_text(json.dumps(report, indent=1))
-    print(json.dumps(report, indent=1))
-    return 0
+        _run(report, "hf", check_hf, state, Path(tmp), on_gpu)
+        trained = _run(report, "train", check_train, state, timer)
+        _run(report, "preempt", check_preempt, state)
+        if "policy" in trained:
+            _run(report, "publish", check_publish, trained["policy"], TINY)
+            _run(report, "ckpt", check_ckpt, trained["policy"], trained["reference"], Path(tmp))
+        if not args.skip_mfu:
+            spec, seq, mbs, iters = (ONE_B, 2048, 4, 5) if on_gpu else (TINY, 128, 2, 2)
+            _run(report, "mfu", check_mfu, state, spec, args.peak_tflops, seq, mbs, iters, timer)
+    phases = timer.take()
+    report["telemetry"] = {
+        "ok": bool(phases) and (not on_gpu or all(s.mem_gib > 0 for s in phases.values())),
+        "phases": {k: {"seconds": v.seconds, "allocated_gib": v.mem_gib} for k, v in phases.items()},
+    }
+    report["ok"] = all(v.get("ok", False) for v in report.values() if isinstance(v, dict) and "ok" in v)
+    Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    print(json.dumps(report, indent=1, default=str))
+    return 0 if report["ok"] else 1
 
 
 if __name__ == "__main__":

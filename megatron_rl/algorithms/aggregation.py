@@ -46,7 +46,7 @@ def loss_normalizer(mask_BT: torch.Tensor, mode: str) -> torch.Tensor:
     get `global_tokens` / `global_seqs`."""
     _check_mode(mode)
     check_2d("mask_BT", mask_BT)
-    maskf_BT = as_float_mask(mask_BT, torch.empty((), dtype=torch.float32))
+    maskf_BT = as_float_mask(mask_BT, torch.empty((), dtype=torch.float32, device=mask_BT.device))
     if mode == "token-mean":
         return maskf_BT.sum()
     return (maskf_BT.sum(dim=-1) > 0).to(torch.float32).sum()

@@ -1,8 +1,15 @@
 """Export the policy as an HF safetensors directory (what `transformers` and vLLM load).
 
-Every rank of the model group takes part: TP shards are all-gathered and unsharded, PP stages send
-their full tensors to rank 0, which converts names and fused layouts back to HF's (padding removed)
-and writes `model.safetensors` + `config.json`.
+Every rank of the model group takes part. The model travels to the writing rank (rank 0) one
+tensor at a time: the owning stage's TP ranks all-gather that tensor's shards, the stage leader
+(TP rank 0, DP rank 0) unshards it and sends it to rank 0, which moves it to host memory. Device
+memory beyond the model is one full tensor (x TP for the gather), never a whole stage: an
+`all_gather_object` of stages over NCCL stages every payload on the GPU, the largest stage x the
+world size on every rank (~122 GB per GPU for a 7B model on 8 ranks). Only the names, shapes and
+owners -- a few kilobytes -- are exchanged as objects, on the CPU group.
+
+Rank 0 then converts names and fused layouts back to HF's (padding removed) and writes
+`model.safetensors` + `config.json`.
 """
 
 from __future__ import annotations
@@ -13,29 +20,73 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_rl.models.hf import megatron_full_to_hf, tp_unshard
+from megatron_rl.models.hf import megatron_full_to_hf, shard_kind, tp_unshard
+
+# One entry per tensor: (global name, full shape, dtype name), in the stage leader's order.
+TensorMeta = tuple[str, tuple[int, ...], str]
+
+
+def full_shape(name: str, local_shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
+    """The unsharded shape of a megatron tensor from one TP shard's shape (see models/hf.py)."""
+    kind = shard_kind(name)
+    shape = list(local_shape)
+    if kind in ("vocab", "qkv", "fc1"):
+        shape[0] *= tp
+    elif kind == "row":
+        shape[1] *= tp
+    return tuple(shape)
+
+
+def _owners(policy) -> list[tuple[int, list[TensorMeta]]]:
+    """(global rank of the stage leader, its tensors) for every PP stage, in stage order. Collective
+    (an object gather of names and shapes only, on the CPU group)."""
+    from megatron.core import parallel_state as ps
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    leader = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+    mine: list[TensorMeta] = [
+        (name, full_shape(name, tuple(p.shape), tp), str(p.dtype).removeprefix("torch."))
+        for name, p in policy.named_parameters_global()
+    ]
+    entry = (ps.get_pipeline_model_parallel_rank(), mine) if leader else None
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, entry, group=policy.state.cpu_group)
+    stages = sorted((e[0], rank, e[1]) for rank, e in enumerate(parts) if e is not None)
+    return [(rank, metas) for _, rank, metas in stages]
 
 
 def full_state(policy) -> dict[str, torch.Tensor]:
-    """Full megatron tensors of the whole model on rank 0 (empty dict elsewhere). Collective."""
+    """Full megatron tensors of the whole model on rank 0, in host memory (empty dict elsewhere).
+
+    Collective over every rank; streamed tensor by tensor (module docstring)."""
     from megatron.core import parallel_state as ps
 
     tp_group = ps.get_tensor_model_parallel_group()
     tp = ps.get_tensor_model_parallel_world_size()
-    mine: dict[str, torch.Tensor] = {}
-    for name, p in policy.named_parameters_global():
-        shards = [torch.empty_like(p) for _ in range(tp)]
-        dist.all_gather(shards, p.detach().contiguous(), group=tp_group)
-        mine[name] = tp_unshard(policy.spec, name, shards).cpu()
-    # Stage leaders (TP rank 0, DP rank 0) hand their stage to rank 0.
-    leader = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
-    parts: list[dict | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, mine if leader else None)
-    if dist.get_rank() != 0:
-        return {}
+    my_stage = ps.get_pipeline_model_parallel_rank()
+    replica0 = ps.get_data_parallel_rank() == 0
+    rank = dist.get_rank()
+    params = dict(policy.named_parameters_global())
+    device = policy.state.device
     out: dict[str, torch.Tensor] = {}
-    for part in parts:
-        out.update(part or {})
+    for stage, (leader, metas) in enumerate(_owners(policy)):
+        owning = stage == my_stage and replica0
+        for name, shape, dtype in metas:
+            full = None
+            if owning:
+                p = params[name].detach().contiguous()
+                shards = [torch.empty_like(p) for _ in range(tp)]
+                dist.all_gather(shards, p, group=tp_group)
+                full = tp_unshard(policy.spec, name, shards) if rank == leader else None
+            if leader == 0:
+                if rank == 0:
+                    out[name] = full.cpu()
+            elif rank == leader:
+                dist.send(full.contiguous(), dst=0)
+            elif rank == 0:
+                buf = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+                dist.recv(buf, src=leader)
+                out[name] = buf.cpu()
     return out
 
 

@@ -12,6 +12,14 @@ plain chunk of the fused tensor (DESIGN.md section 4, verified numerically):
 Names here are *global* megatron names (layer index counted over the whole model, not the PP
 stage's local index). The same functions serve checkpoint import, export and the reshard oracle.
 
+Two naming schemes, one mapping: the local layer spec (CPU, no transformer-engine) keeps the norms
+apart (`input_layernorm.weight`, `pre_mlp_layernorm.weight`), while the transformer-engine spec
+fuses them into the following linear (`self_attention.linear_qkv.layer_norm_weight`,
+`mlp.linear_fc1.layer_norm_weight`). Every function here accepts both; `canonical_name` maps a
+fused name to the local one using megatron-core's own statement of the correspondence (the local
+spec's `sharded_state_dict_keys_map`, models/megatron.py), and the names this module produces are
+the local ones.
+
 Legend: rows are dim 0 of a weight; `R` = row range; `hd` = head_dim; `G` = KV groups.
 """
 
@@ -57,12 +65,30 @@ def megatron_names(spec: ModelSpec, layers: range, pre_process: bool, post_proce
     return names
 
 
-def split_layer_name(name: str) -> tuple[int | None, str]:
-    """'decoder.layers.3.mlp.linear_fc1.weight' -> (3, 'mlp.linear_fc1.weight')."""
+def canonical_name(name: str) -> str:
+    """The local-spec name of a megatron tensor named in either scheme (TE's fused norms mapped back)."""
+    if "layer_norm_" not in name:  # the only names the two schemes disagree on
+        return name
+    from megatron_rl.models.megatron import fused_to_local_prefixes
+
+    layer, rest = _split(name)
+    for fused, local in fused_to_local_prefixes().items():
+        if rest.startswith(fused):
+            rest = local + rest[len(fused) :]
+            break
+    return rest if layer is None else f"{LAYER_PREFIX}{layer}.{rest}"
+
+
+def _split(name: str) -> tuple[int | None, str]:
     if name.startswith(LAYER_PREFIX):
         idx, rest = name[len(LAYER_PREFIX) :].split(".", 1)
         return int(idx), rest
     return None, name
+
+
+def split_layer_name(name: str) -> tuple[int | None, str]:
+    """'decoder.layers.3.mlp.linear_fc1.weight' -> (3, 'mlp.linear_fc1.weight'); either naming scheme."""
+    return _split(canonical_name(name))
 
 
 _SIMPLE = {

@@ -7,6 +7,7 @@ imports (clusters, NGC containers); otherwise the local spec, which is what runs
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -114,9 +115,27 @@ def build_gpt(spec: ModelSpec, config, padded_vocab: int, pre_process: bool, pos
     )
 
 
+@functools.cache
+def fused_to_local_prefixes() -> dict[str, str]:
+    """transformer-engine's fused-norm name prefixes -> the local spec's, within a layer.
+
+    Read from megatron-core itself: the local spec's `sharded_state_dict_keys_map` is how megatron
+    keeps local-spec checkpoints loadable by TE models ({'input_layernorm.':
+    'self_attention.linear_qkv.layer_norm_', ...}); inverted, it names every parameter the TE spec
+    fuses. The local spec imports without transformer-engine, so this works on any machine."""
+    from megatron.core.models.gpt import gpt_layer_specs as S
+
+    keys_map = S.get_gpt_layer_local_spec(normalization="RMSNorm").submodules.sharded_state_dict_keys_map
+    return {fused: local for local, fused in keys_map.items()}
+
+
 def global_param_name(model, local_name: str) -> str:
-    """State-dict keys on a PP stage use the local layer index; map to the global one."""
+    """The name every consumer (HF import, publication, export) uses for a parameter of this stage:
+    the global layer index (state-dict keys on a PP stage count from the stage's first layer) and the
+    local spec's naming, whichever layer spec built the model (models/hf.py `canonical_name`)."""
+    from megatron_rl.models.hf import canonical_name
+
     parts = local_name.split(".")
     if parts[:2] == ["decoder", "layers"]:
         parts[2] = str(model.decoder.layers[int(parts[2])].layer_number - 1)
-    return ".".join(parts)
+    return canonical_name(".".join(parts))

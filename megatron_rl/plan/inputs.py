@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from megatron_rl.models.spec import ModelSpec
+from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 
 GB = 1e9
 GIB = 2**30
@@ -104,6 +105,9 @@ class Assumptions:
     target_hours: float
     checkpoint_interval_steps: int  # N > 0 steps; -1 = the Young/Daly interval; 0 = never
     async_save: bool
+    # The frozen reference's weights (when the KL needs one): on the GPU throughout, or on the host
+    # between uses (algorithm.reference).
+    reference: str = "resident"  # resident | offload
 
 
 @dataclass(frozen=True)
@@ -285,7 +289,7 @@ def inputs_from_recipe(recipe) -> PlanInputs:
         prefix_sharing=p.prefix_sharing,
         gpu_memory_utilization=r.gpu_memory_utilization,
         kv_cache_bytes=r.kv_cache_bytes,
-        sleep_level=r.sleep_level,
+        sleep_level=sleep_level_for(r.sleep_level, delivery_for(on_gpu=c.gpu != "cpu")),
         distributed_optimizer=recipe.optim.distributed_optimizer,
         publish_pack_s=p.publish_pack_s,
         publish_install_s=p.publish_install_s,
@@ -293,6 +297,7 @@ def inputs_from_recipe(recipe) -> PlanInputs:
         target_hours=p.target_hours,
         checkpoint_interval_steps=recipe.checkpoint.interval,
         async_save=recipe.checkpoint.async_save,
+        reference=recipe.algorithm.reference,
     )
     return PlanInputs(name=recipe.name, spec=spec, work=work, hw=hw, assume=assume)
 

@@ -24,9 +24,16 @@ Engine, per GPU: weights / engine TP + runtime (ENGINE_RUNTIME_GIB: the profilin
 max_num_batched_tokens and CUDA graphs) + KV cache, which fills the rest of
 gpu_memory_utilization x GPU memory (or is `rollout.kv_cache_bytes` on the CPU build).
 
+Reference (KL to a frozen copy): its weights, params bytes of the same stage, either resident
+(counted in every moment) or offloaded to the host between uses (`algorithm.reference=offload`),
+then counted only while the reference log-probs run, next to the policy's full training state.
+
 Colocated, the two time-share each GPU: while the engine generates, the trainer keeps only its
-params (grads and optimizer offloaded); while the trainer trains, the sleeping engine keeps only its
-runtime. The peak is the larger of those two moments.
+params (grads and optimizer offloaded) and a resident reference; while the trainer trains, the
+sleeping engine keeps only its runtime. A third moment is the engine's construction: vLLM claims
+gpu_memory_utilization x the GPU then, while the trainer steps aside (optimizer state and gradient
+buffers offloaded, the reference on the host: rollout/timeshare.py `trainer_aside`) but keeps its
+params. The peak is the largest of these moments.
 """
 
 from __future__ import annotations
@@ -110,6 +117,8 @@ def trainer_memory(inp: PlanInputs, layout: PlanLayout, recompute: str | None = 
         activation_bytes_per_layer_token(inp, layout, "selective") * tokens if recompute == "full" else 0.0
     )
     microbatches = max(1, math.ceil(w.samples / w.minibatches / layout.dp / w.micro_batch_size))
+    has_reference = w.reference_forward
+    resident_reference = has_reference and inp.assume.reference == "resident"
     logits = tokens / layout.cp * s.padded_vocab(tp) / tp * (FP32_LOGPROB_BYTES + b)
     runtime = _runtime(inp, TRAINER_RUNTIME_GIB)
     best: dict | None = None
@@ -122,17 +131,25 @@ def trainer_memory(inp: PlanInputs, layout: PlanLayout, recompute: str | None = 
             "optimizer": n_gpu * opt_per_param / shard,
             "activations": layers * per_mb_layer * in_flight + working,
             "logits": logits if i == pp - 1 else 0.0,
+            "reference": n_gpu * b if resident_reference else 0.0,
             "runtime": runtime,
         }
         parts["total"] = sum(parts.values())
+        # Offloaded reference: on the device only for its forward, beside the full training state.
+        ref_moment = parts["total"] - parts["activations"] + n_gpu * b if has_reference else 0.0
+        parts["reference_logprobs_total"] = 0.0 if resident_reference else ref_moment
         parts["stage"] = i
         parts["in_flight_microbatches"] = in_flight
-        if best is None or parts["total"] > best["total"]:
+        if best is None or max(parts["total"], parts["reference_logprobs_total"]) > max(
+            best["total"], best["reference_logprobs_total"]
+        ):
             best = parts
     assert best is not None
     best["stages"] = pp
     best["recompute"] = recompute
-    best["resident_while_generating"] = best["params"] + runtime
+    best["resident_while_generating"] = best["params"] + best["reference"] + runtime
+    # Building the engine: optimizer, grads and the reference are aside; params and runtime stay.
+    best["resident_at_engine_construction"] = best["params"] + runtime
     return best
 
 
@@ -182,21 +199,34 @@ def memory_fit(inp: PlanInputs, layout: PlanLayout, recompute: str | None = None
     reasons = list(en["reasons"])
     if layout.colocated:
         generating = en["total"] + tr["resident_while_generating"]
-        training = tr["total"] + en["resident_while_training"]
-        peak = max(generating, training)
+        training = max(tr["total"], tr["reference_logprobs_total"]) + en["resident_while_training"]
+        budget = inp.assume.gpu_memory_utilization * cap
+        constructing = tr["resident_at_engine_construction"] + budget
+        peak = max(generating, training, constructing)
+        if constructing > cap:
+            reasons.append(
+                f"building the engine: vLLM claims gpu_memory_utilization x memory = {budget / GIB:.1f} GiB "
+                f"while the trainer keeps its params {tr['resident_at_engine_construction'] / GIB:.1f} GiB "
+                f"> {cap / GIB:.0f} GiB per GPU; lower rollout.gpu_memory_utilization or raise layout.tp/pp"
+            )
         if training > cap:
             reasons.append(
-                f"trainer needs {tr['total'] / GIB:.1f} GiB/GPU (+{en['runtime'] / GIB:.1f} sleeping engine) "
-                f"> {cap / GIB:.0f} GiB with recompute {tr['recompute']}"
+                f"trainer needs {(training - en['runtime']) / GIB:.1f} GiB/GPU (+{en['runtime'] / GIB:.1f} "
+                f"sleeping engine) > {cap / GIB:.0f} GiB with recompute {tr['recompute']}"
+                + (
+                    f" and a {tr['reference'] / GIB:.1f} GiB resident reference (try algorithm.reference=offload)"
+                    if tr["reference"]
+                    else ""
+                )
             )
         if generating > cap:
             reasons.append(
-                f"engine {en['total'] / GIB:.1f} GiB + trainer params kept resident "
-                f"{tr['resident_while_generating'] / GIB:.1f} GiB > {cap / GIB:.0f} GiB per GPU; "
-                "lower rollout.gpu_memory_utilization"
+                f"engine {en['total'] / GIB:.1f} GiB + trainer params (and a resident reference) kept "
+                f"resident {tr['resident_while_generating'] / GIB:.1f} GiB > {cap / GIB:.0f} GiB per GPU; "
+                "lower rollout.gpu_memory_utilization or set algorithm.reference=offload"
             )
     else:
-        peak = max(tr["total"], en["total"])
+        peak = max(tr["total"], tr["reference_logprobs_total"], en["total"])
         if tr["total"] > cap:
             reasons.append(
                 f"trainer needs {tr['total'] / GIB:.1f} GiB/GPU > {cap / GIB:.0f} GiB "

@@ -11,6 +11,12 @@ Per step, colocated:
 
 Waking the weights before the KV cache lets the publication land while the KV cache does not yet
 hold memory. The model parameters themselves stay on the device: scoring the samples needs them.
+The engine is put to sleep as soon as time-sharing starts, so the first publication follows the
+same order as every later one (not an awake engine holding its KV cache while the policy lands).
+
+Building the engine: vLLM claims gpu_memory_utilization x the GPU at construction and refuses to
+start when less is free, so `trainer_aside(...)` offloads optimizer state, gradient buffers and the
+reference's weights around the construction (the planner checks that moment: plan/memory.py).
 
 On GPU the trainer side uses megatron-core's own RL hooks (`MegatronOptimizer.offload_to_cpu` /
 `restore_from_cpu`, `DistributedDataParallel.offload_grad_buffers` / `restore_grad_buffers`). On CPU
@@ -25,7 +31,8 @@ from __future__ import annotations
 
 import logging
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -77,6 +84,22 @@ def restore_trainer(optimizer, ddp) -> bool:
     return True
 
 
+@contextmanager
+def trainer_aside(optimizer=None, ddp=None, reference=None) -> Iterator[bool]:
+    """Inside: optimizer state and gradient buffers offloaded, the reference's weights on the host.
+    After: the trainer restored (the reference stays on the host if it lives there between uses).
+    Yields whether device memory was released (False on CPU, where nothing is)."""
+    released = offload_trainer(optimizer, ddp)
+    if reference is not None:
+        released = reference.weights_to_host() or released
+    try:
+        yield released
+    finally:
+        if reference is not None and not reference.offload_between_uses:
+            reference.weights_to_device()
+        restore_trainer(optimizer, ddp)
+
+
 class TimeShare:
     """Switches the device between rollout and training, recording memory at each switch."""
 
@@ -84,6 +107,9 @@ class TimeShare:
         self.engine, self.optimizer, self.ddp = engine, optimizer, ddp
         self.on_memory = on_memory
         self._told = False
+        # A new engine is awake with its KV cache allocated: asleep, the first `to_rollout` wakes the
+        # weights, publishes, then wakes the KV cache, like every later step.
+        self.engine.sleep()
 
     def _record(self, phase: str) -> None:
         if self.on_memory is not None:

@@ -18,8 +18,9 @@ reloads whole fused groups in place and then resets the prefix cache, without wh
 than one KV block keeps reusing KV computed with the old weights.
 
 Sleep: the GPU build frees memory (level 1 offloads weights to host, level 2 discards them; the KV
-cache is dropped at both); wake_up brings back "weights" then "kv_cache", so a publication can land
-between the two without the KV cache occupying memory. The CPU build has no sleep mode: `sleep()`
+cache is dropped at both; the level follows the publication's delivery, rollout/delivery.py);
+wake_up brings back "weights" then "kv_cache", so a publication can land between the two without
+the KV cache occupying memory. The CPU build has no sleep mode: `sleep()`
 logs that and returns False; nothing is freed there and nothing pretends to be.
 
 Process side effects (global RNG, thread count, NUMA, shm names): see rollout/process.py.
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 from megatron_rl.rollout.process import make_shm_names_job_unique, prepare_env, preserved_rng
 from megatron_rl.rollout.types import LOGPROBS_MODES, Sample, SamplingSettings
 from megatron_rl.rollout.weights import group_fused
@@ -111,7 +113,8 @@ class VLLMEngine:
         self.sampling = SamplingSettings.from_config(cfg)
         self.logprobs_mode = cfg.logprobs_mode
         self.on_gpu = torch.cuda.is_available()
-        self.sleep_level = cfg.sleep_level
+        # Every publication overwrites the weights: the delivery decides whether sleeping keeps them.
+        self.sleep_level = sleep_level_for(cfg.sleep_level, delivery_for(self.on_gpu))
         self.seed = seed
         self.max_model_len = _max_model_len(model_dir, max_model_len)
         prepare_env()
@@ -152,7 +155,8 @@ class VLLMEngine:
                 kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
 
         try:
-            from vllm import LLM
+            from vllm import EngineArgs, LLMEngine
+            from vllm.usage.usage_lib import UsageContext
         except ImportError as e:
             raise ImportError(
                 "vLLM is not installed: on GPU `pip install -e '.[gpu]'` (official vllm); on CPU `make venv` "
@@ -160,10 +164,16 @@ class VLLMEngine:
             ) from e
 
         started = time.perf_counter()
+        # The engine itself, not the `LLM` wrapper: `LLM.__init__` warms up chat-template rendering, which
+        # needs a tokenizer and fails (with a logged traceback) under skip_tokenizer_init; prompts here are
+        # token ids and never use a chat template. The engine has the same sleep, wake_up,
+        # reset_prefix_cache and collective_rpc the wrapper forwards to.
         with preserved_rng():
-            self.llm = LLM(**kwargs)
+            self.llm = LLMEngine.from_engine_args(
+                EngineArgs(disable_log_stats=True, **kwargs), usage_context=UsageContext.LLM_CLASS
+            )
         self.start_s = time.perf_counter() - started
-        self._engine = self.llm.llm_engine
+        self._engine = self.llm
         # A dummy-initialised engine holds random weights, not a policy: version -1 until published.
         self.version = -1 if load_format == "dummy" else 0
         self._weights_valid = load_format != "dummy"

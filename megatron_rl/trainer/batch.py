@@ -5,6 +5,11 @@ to one length. Right padding needs no attention mask: with causal attention a re
 attends to a later (padding) position, so padded and unpadded sequences give the same logits for
 their real tokens; padding only has to be masked out of the loss.
 
+One device rule: a microbatch lives where the policy computes. `make_microbatches(..., device=)`
+assembles on the host (many small row writes, cheap there) and moves every tensor -- tokens,
+positions, mask and every per-token extra -- to the policy's device in one step, so a loss never
+meets a host tensor next to device log-probs.
+
 Legend: B = sequences in a microbatch, S = padded length, T = S - 1 predicted positions.
 """
 
@@ -25,6 +30,21 @@ class Microbatch:
     index: list[int]  # position of each sequence in the caller's list
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-token tensors [B, T]
 
+    def to(self, device: torch.device | str) -> Microbatch:
+        """The same microbatch with every tensor (extras included) on `device`."""
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=True)
+
+        return Microbatch(
+            move(self.tokens_BS),
+            move(self.position_ids_BS),
+            list(self.lengths),
+            move(self.loss_mask_BT),
+            list(self.index),
+            {k: move(v) for k, v in self.extras.items()},
+        )
+
 
 def padded_length(lengths: list[int], multiple: int = 8) -> int:
     longest = max(lengths)
@@ -38,8 +58,9 @@ def make_microbatches(
     seq_len: int | None = None,
     extras: dict[str, list[torch.Tensor]] | None = None,
     multiple: int = 8,
+    device: torch.device | str = "cpu",
 ) -> list[Microbatch]:
-    """Split sequences (prompt + completion token ids) into right-padded microbatches.
+    """Split sequences (prompt + completion token ids) into right-padded microbatches on `device`.
 
     `extras` holds per-completion-token values (e.g. advantages, old log-probs), one 1-D tensor per
     sequence of length len(seq) - prompt_len; they are laid out on the same [B, T] grid as the mask.
@@ -52,17 +73,18 @@ def make_microbatches(
     S = seq_len or padded_length(lengths, multiple)
     if max(lengths) > S:
         raise ValueError(f"a sequence of {max(lengths)} tokens exceeds the padded length {S}")
+    host = "cpu"  # assembled on the host, then moved to `device` in one step
     out = []
     for start in range(0, len(sequences), micro_batch_size):
         idx = list(range(start, start + micro_batch_size))
-        tokens = torch.zeros(len(idx), S, dtype=torch.long)
-        mask = torch.zeros(len(idx), S - 1, dtype=torch.float32)
-        ex = {k: torch.zeros(len(idx), S - 1, dtype=torch.float32) for k in (extras or {})}
+        tokens = torch.zeros(len(idx), S, dtype=torch.long, device=host)
+        mask = torch.zeros(len(idx), S - 1, dtype=torch.float32, device=host)
+        ex = {k: torch.zeros(len(idx), S - 1, dtype=torch.float32, device=host) for k in (extras or {})}
         for b, i in enumerate(idx):
             seq, p = sequences[i], prompt_lens[i]
             if not 0 < p <= len(seq):
                 raise ValueError(f"sequence {i}: prompt length {p} outside 1..{len(seq)}")
-            tokens[b, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+            tokens[b, : len(seq)] = torch.as_tensor(seq, dtype=torch.long, device=host)
             mask[b, p - 1 : len(seq) - 1] = 1.0
             for k, values in (extras or {}).items():
                 v = values[i]
@@ -71,8 +93,8 @@ def make_microbatches(
                         f"extras[{k!r}][{i}] has {v.numel()} values for {len(seq) - p} completion tokens"
                     )
                 ex[k][b, p - 1 : len(seq) - 1] = v.float()
-        pos = torch.arange(S).unsqueeze(0).expand(len(idx), S).contiguous()
-        out.append(Microbatch(tokens, pos, [lengths[i] for i in idx], mask, idx, ex))
+        pos = torch.arange(S, device=host).unsqueeze(0).expand(len(idx), S).contiguous()
+        out.append(Microbatch(tokens, pos, [lengths[i] for i in idx], mask, idx, ex).to(device))
     return out
 
 

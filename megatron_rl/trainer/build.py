@@ -53,7 +53,10 @@ def build_policy(recipe, state: ParallelState, with_optimizer: bool = True) -> P
 
 
 def frozen_copy(policy: Policy, recipe, state: ParallelState) -> Policy:
-    """The reference: same layout, same weights as `policy` now, no optimizer, never updated."""
+    """The reference: same layout, same weights as `policy` now, no optimizer, never updated.
+
+    With `algorithm.reference=offload` its weights wait in host memory and come to the device only
+    for the reference log-probs (the planner counts the choice: plan/memory.py)."""
     ref = Policy(
         policy.spec, state, parallel_sizes(recipe.layout), micro_batch_size=recipe.optim.micro_batch_size
     )
@@ -62,4 +65,7 @@ def frozen_copy(policy: Policy, recipe, state: ParallelState) -> Policy:
         for name, p in ref.named_parameters_global():
             p.copy_(src[name])
             p.requires_grad_(False)
+    if recipe.algorithm.reference == "offload":
+        ref.offload_between_uses = True
+        ref.weights_to_host()
     return ref

@@ -2,6 +2,19 @@
 
 gloo on CPU, NCCL on GPU. The CPU patches are applied here (explicitly, only without CUDA) because
 this is the first point at which megatron-core code runs in a trainer process.
+
+Two kinds of group, declared once here so the same code is right on both machines:
+- device groups (the default group and megatron-core's): NCCL on GPU, their tensors live on the
+  policy's device;
+- `ParallelState.cpu_group`, an explicit gloo group over every rank, for host-side agreement
+  (preemption flags, telemetry reductions): its tensors live on the host, on CPU and GPU alike.
+
+The process-group timeout is the recipe's `cluster.dist_timeout_s`: fast ranks wait inside a
+collective for the slowest (an engine still finishing a 16k-token completion), so it must exceed
+the longest phase, not a fixed 600 s.
+
+With MEGATRON_RL_DEVICE_GUARD=1 (tests), `trainer/device_guard.py` is installed first: tensors made
+without a device land on `meta`, and collectives check their tensors against the group's kind.
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ class ParallelState:
     pp_rank: int
     dp_rank: int
     device: torch.device
+    cpu_group: object = None  # explicit gloo group over every rank, for host tensors
 
     @property
     def is_first_stage(self) -> bool:
@@ -36,10 +50,17 @@ class ParallelState:
         return self.pp_rank == self.pp - 1
 
 
-def init_parallel(tp: int, pp: int, seed: int = 1234, timeout_s: float = 600.0) -> ParallelState:
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+def init_parallel(tp: int, pp: int, seed: int = 1234, timeout_s: float = DEFAULT_TIMEOUT_S) -> ParallelState:
     """Initialise torch.distributed (if not yet) and megatron-core's model-parallel groups."""
+    from megatron_rl.trainer import device_guard
     from megatron_rl.trainer.cpu_compat import apply_cpu_patches, cuda_available
 
+    if timeout_s <= 0:
+        raise ValueError(f"process-group timeout must be > 0 s (cluster.dist_timeout_s); got {timeout_s}")
+    device_guard.install_from_env()  # before any group exists, so every group's kind is recorded
     env = from_env()
     env.export()
     on_gpu = cuda_available()
@@ -65,8 +86,14 @@ def init_parallel(tp: int, pp: int, seed: int = 1234, timeout_s: float = 600.0) 
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            distributed_timeout_minutes=max(1, round(timeout_s / 60)),
+        )
     model_parallel_cuda_manual_seed(seed)
+    # Collective: every rank creates it, in the same order relative to the other groups.
+    cpu_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
     return ParallelState(
         env=env,
         tp=tp,
@@ -76,6 +103,7 @@ def init_parallel(tp: int, pp: int, seed: int = 1234, timeout_s: float = 600.0) 
         pp_rank=ps.get_pipeline_model_parallel_rank(),
         dp_rank=ps.get_data_parallel_rank(),
         device=torch.device("cuda", env.local_rank) if on_gpu else torch.device("cpu"),
+        cpu_group=cpu_group,
     )
 
 

@@ -63,6 +63,9 @@ class Policy:
         self.model = model.to(state.device)
         self.ddp = None
         self.optimizer = None
+        # A frozen reference may live in host memory between uses (algorithm.reference=offload).
+        self.offload_between_uses = False
+        self.weights_on_host = False
         if optim is not None:
             self._setup_optimizer(optim)
 
@@ -99,6 +102,28 @@ class Policy:
         self.config.no_sync_func = self.ddp.no_sync
         self.config.finalize_model_grads_func = finalize_model_grads
 
+    def weights_to_host(self) -> bool:
+        """Move a frozen model's weights to host memory; True if device memory was released.
+
+        Only for models without an optimizer (the reference): the policy's own weights are
+        referenced by its optimizer and gradient buffers. On CPU there is nothing to release."""
+        if self.optimizer is not None:
+            raise RuntimeError("weights_to_host() is for frozen models (no optimizer), e.g. the reference")
+        if self.state.device.type == "cpu" or self.weights_on_host:
+            return False
+        self.model.to("cpu")
+        self.weights_on_host = True
+        torch.cuda.empty_cache()
+        return True
+
+    def weights_to_device(self) -> bool:
+        """Inverse of `weights_to_host`."""
+        if not self.weights_on_host:
+            return False
+        self.model.to(self.state.device)
+        self.weights_on_host = False
+        return True
+
     @property
     def module(self):
         """The GPTModel (unwrapped), whatever wraps it."""
@@ -129,8 +154,13 @@ class Policy:
             )
 
     def _forward(self, model, mb: Microbatch) -> torch.Tensor:
-        dev = self.state.device
-        return model(mb.tokens_BS.to(dev), mb.position_ids_BS.to(dev), attention_mask=None)
+        return model(mb.tokens_BS, mb.position_ids_BS, attention_mask=None)
+
+    def _microbatches(self, sequences, prompt_lens, seq_len, extras=None) -> list[Microbatch]:
+        """Microbatches on the policy's device (the one device rule: see trainer/batch.py)."""
+        return make_microbatches(
+            sequences, prompt_lens, self.micro_batch_size, seq_len, extras, device=self.state.device
+        )
 
     def logprobs(
         self,
@@ -140,7 +170,7 @@ class Policy:
         seq_len: int | None = None,
     ) -> list[torch.Tensor]:
         """Per-sequence completion log-probs (1-D float32 tensors), on every rank of the model group."""
-        mbs = make_microbatches(sequences, prompt_lens, self.micro_batch_size, seq_len)
+        mbs = self._microbatches(sequences, prompt_lens, seq_len)
         tp_rank, vocab = self.state.tp_rank, self.spec.vocab_size
 
         def step(data_iter, model):
@@ -148,19 +178,28 @@ class Policy:
             out = self._forward(model, mb)
 
             def loss_func(logits):
-                lp = token_logprobs(logits, mb.tokens_BS.to(logits.device), vocab, temperature, tp_rank)
-                return lp.sum() * 0.0, {"logprobs": lp.detach().cpu()}
+                lp = token_logprobs(logits, mb.tokens_BS, vocab, temperature, tp_rank)
+                return lp.sum() * 0.0, {"logprobs": lp.detach()}
 
             return out, loss_func
 
         self.model.eval()
-        outs = self._run(mbs, forward_only=True, step_fn=step)
+        self.weights_to_device()
+        try:
+            outs = self._run(mbs, forward_only=True, step_fn=step)
+        finally:
+            if self.offload_between_uses:
+                self.weights_to_host()
         values = [o["logprobs"] for o in outs] if self.state.is_last_stage else None
         values = self._broadcast_from_last_stage(values, mbs)
-        return completion_values(values, mbs, prompt_lens)
+        # Back to the host only now: the broadcast ran on megatron's pipeline group (NCCL on GPU).
+        return completion_values([v.cpu() for v in values], mbs, prompt_lens)
 
     def _broadcast_from_last_stage(self, values: list[torch.Tensor] | None, mbs: list[Microbatch]):
-        """Send the last PP stage's [B, T] tensors to every stage (others allocate and receive)."""
+        """Send the last PP stage's [B, T] tensors to every stage (others allocate and receive).
+
+        The tensors stay on the policy's device: the pipeline group is NCCL on GPU, which refuses
+        host tensors."""
         if self.par.pp == 1:
             return values
         from megatron.core import parallel_state as ps
@@ -168,7 +207,10 @@ class Policy:
         src = ps.get_pipeline_model_parallel_last_rank()
         group = ps.get_pipeline_model_parallel_group()
         if values is None:
-            values = [torch.empty(mb.loss_mask_BT.shape, dtype=torch.float32) for mb in mbs]
+            values = [
+                torch.empty(mb.loss_mask_BT.shape, dtype=torch.float32, device=self.state.device)
+                for mb in mbs
+            ]
         # gloo sends a tensor's storage as laid out in memory: a transposed view would arrive scrambled.
         values = [v.contiguous() for v in values]
         for v in values:
@@ -192,7 +234,7 @@ class Policy:
         """
         if self.optimizer is None:
             raise RuntimeError("Policy was built without an optimizer (pass optim=OptimSettings(...))")
-        mbs = make_microbatches(sequences, prompt_lens, self.micro_batch_size, seq_len, extras)
+        mbs = self._microbatches(sequences, prompt_lens, seq_len, extras)
         scale = len(mbs) * self.state.dp
         tp_rank, vocab = self.state.tp_rank, self.spec.vocab_size
 
@@ -201,8 +243,8 @@ class Policy:
             out = self._forward(model, mb)
 
             def loss_func(logits):
-                lp = token_logprobs(logits, mb.tokens_BS.to(logits.device), vocab, temperature, tp_rank)
-                loss, metrics = loss_fn(lp, mb)
+                lp = token_logprobs(logits, mb.tokens_BS, vocab, temperature, tp_rank)
+                loss, metrics = loss_fn(lp, mb)  # mb (extras included) is on the policy's device
                 return loss * scale, {
                     "loss": loss.detach().clone(),
                     **{k: v.detach() for k, v in metrics.items()},

@@ -46,7 +46,9 @@ def run(tmp_path_factory):
     for i, spec in enumerate(SPECS.values()):
         write_hf_checkpoint(spec, ckpts / spec.name, seed=i)
     victim = _malformed(ckpts / QWEN2_TINY.name, ckpts)
-    torchrun(WORKER, 4, [str(out), str(ckpts)], timeout=900)
+    # Under the device guard: tensors made without a device, host tensors on device groups and big
+    # objects over device groups fail here as they would on a GPU (trainer/device_guard.py).
+    torchrun(WORKER, 4, [str(out), str(ckpts)], timeout=900, env={"MEGATRON_RL_DEVICE_GUARD": "1"})
     return out, ckpts, victim
 
 

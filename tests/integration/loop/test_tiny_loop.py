@@ -15,8 +15,20 @@ STEPS = 3
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loop")
-    launch(tmp, STEPS, ["algorithm.kl_coef=0.01", "algorithm.dynamic_sampling=true"])
+    # Under the device guard (trainer/device_guard.py): the whole loop fails here where it would on a GPU.
+    launch(
+        tmp,
+        STEPS,
+        ["algorithm.kl_coef=0.01", "algorithm.dynamic_sampling=true"],
+        env={"MEGATRON_RL_DEVICE_GUARD": "1"},
+    )
     return tmp, records(tmp)
+
+
+def test_the_loop_ran_under_the_device_guard(run):
+    tmp, _ = run
+    # The ranks share the launcher's environment; the terminal shows the warning once.
+    assert "device guard installed" in (tmp / "run.log").read_text()
 
 
 def test_every_step_recorded_with_every_phase(run):

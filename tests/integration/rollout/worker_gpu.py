@@ -85,8 +85,8 @@ def trainer_checks(r, st):
 
     seqs, plens = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]], [3, 2]
 
-    def loss(lp_BT, mb):
-        return -(lp_BT * mb.loss_mask_BT.to(lp_BT.device)).sum() / 7.0, {}
+    def loss(lp_BT, mb):  # the microbatch is on the policy's device (trainer/batch.py): no .to() here
+        return -(lp_BT * mb.loss_mask_BT).sum() / 7.0, {}
 
     finals = []
     for round_trip in (False, True):

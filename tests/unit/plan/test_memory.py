@@ -39,7 +39,9 @@ def test_trainer_parts_by_hand(ref):
     assert m["activations"] == pytest.approx(per_token_layer * LONGEST * 32 * 2)
     assert m["logits"] == 0.0  # on the last stage, which is lighter here
     assert m["runtime"] == 3 * GIB
-    parts = ("params", "grads", "optimizer", "activations", "logits", "runtime")
+    # The recipe's KL needs a frozen reference, resident by default: its weights, the stage's params.
+    assert m["reference"] == pytest.approx(m["params"])
+    parts = ("params", "grads", "optimizer", "activations", "logits", "reference", "runtime")
     assert m["total"] == pytest.approx(sum(m[k] for k in parts))
 
 
