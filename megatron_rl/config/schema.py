@@ -79,6 +79,10 @@ class AlgorithmConfig:
     overlong: str = "none"  # none | mask | penalty
     overlong_penalty_tokens: int = 0
     truncated_is_cap: float = 0.0  # 0 = off; else cap on the rollout/old-policy ratio
+    # The frozen reference (kl_coef > 0): "resident" keeps its weights on the GPU; "offload" keeps
+    # them in host memory and brings them over only for the reference log-probs (the planner counts
+    # whichever is chosen).
+    reference: str = "resident"  # resident | offload
 
 
 @dataclass
@@ -97,10 +101,18 @@ class RolloutConfig:
     logprobs_mode: str = "processed_logprobs"  # processed_logprobs | raw_logprobs
     gpu_memory_utilization: float = 0.5
     kv_cache_bytes: int = 0  # CPU build: KV cache size in bytes (0 = engine default)
-    sleep_level: int = 1
+    # 0 = chosen by the publication's delivery: 2 (discard weights) with in-place delivery, which
+    # overwrites every weight anyway; 1 (weights to host and back) with loader delivery.
+    sleep_level: int = 0  # 0 | 1 | 2
     enforce_eager: bool = True
     seed: int = 0
     logprob_check_threshold: float = 0.5
+    # A refused publication (NaN/Inf weights, a corrupt, missing or duplicated tensor, a version that
+    # does not increase) leaves the previous version serving. Then: stop = sample with it until
+    # max_refused_publications refusals in a row, then end the run; skip = always sample with it (the
+    # step record says so); retry = publish again at once, ending the run after that many in a row.
+    on_refused_publication: str = "stop"  # stop | skip | retry
+    max_refused_publications: int = 3
 
 
 @dataclass
@@ -184,6 +196,9 @@ class ClusterConfig:
     account: str = ""
     time_limit: str = "48:00:00"
     container_image: str = ""
+    # Process-group timeout: fast ranks wait in a collective for the slowest (an engine finishing a
+    # 16k-token completion), so it must exceed the longest phase.
+    dist_timeout_s: float = 1800.0
 
 
 @dataclass

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from megatron_rl.config.schema import RecipeConfig
 
+MIN_DIST_TIMEOUT_S = 60.0
 ENUMS = {
     "model.family": ("llama", "qwen2", "qwen3"),
     "model.params_dtype": ("bf16", "fp16", "fp32"),
@@ -22,6 +23,9 @@ ENUMS = {
     "algorithm.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
     "algorithm.overlong": ("none", "mask", "penalty"),
     "rollout.logprobs_mode": ("processed_logprobs", "raw_logprobs"),
+    "rollout.on_refused_publication": ("stop", "skip", "retry"),
+    "rollout.sleep_level": (0, 1, 2),
+    "algorithm.reference": ("resident", "offload"),
     "reward.kind": ("sandbox", "function"),
     "reward.mode": ("all_or_nothing", "fraction"),
     "checkpoint.resume": None,  # free-form: auto | none | path
@@ -63,7 +67,7 @@ def check_recipe(cfg: RecipeConfig) -> list[Problem]:
 
     for key, allowed in ENUMS.items():
         if allowed is not None and _get(cfg, key) not in allowed:
-            bad(key, f"must be one of {', '.join(allowed)}")
+            bad(key, f"must be one of {', '.join(map(str, allowed))}")
 
     m, lay, ro, alg, data, cl, opt = (
         cfg.model,
@@ -84,6 +88,7 @@ def check_recipe(cfg: RecipeConfig) -> list[Problem]:
         "cluster.nodes",
         "cluster.gpus_per_node",
         "rollout.samples_per_prompt",
+        "rollout.max_refused_publications",
         "data.prompts_per_step",
         "algorithm.minibatches",
         "optim.micro_batch_size",
@@ -211,6 +216,12 @@ def check_recipe(cfg: RecipeConfig) -> list[Problem]:
         bad("reward.function", "must name a module:function for reward.kind=function")
     if head_dim <= 0:
         bad("model.head_dim", "must be > 0")
+    if not MIN_DIST_TIMEOUT_S <= cl.dist_timeout_s < float("inf"):
+        bad(
+            "cluster.dist_timeout_s",
+            f"must be at least {MIN_DIST_TIMEOUT_S:.0f} s (seconds a rank may wait in a collective for the "
+            "slowest rank; 1800 is the default, raise it for very long completions)",
+        )
     if not out:
         out += _memory_problems(cfg)
     return out
@@ -242,6 +253,19 @@ def _memory_problems(cfg: RecipeConfig) -> list[Problem]:
                 f"predicted memory {worst:.1f} GiB per GPU (trainer "
                 f"{trainer:.1f}, engine {engine:.1f}) exceeds cluster.gpu_memory_gib={cap}; raise tp/pp, "
                 "use layout.recompute=full, or more GPUs (`megatron-rl plan` shows the breakdown)",
+            )
+        ]
+    # Colocated: vLLM claims gpu_memory_utilization x the GPU at construction, beside the trainer's params.
+    util = cfg.rollout.gpu_memory_utilization
+    kept = mem["trainer"]["resident_at_engine_construction"]
+    if cfg.layout.placement == "colocated" and kept + util * cap > cap:
+        return [
+            Problem(
+                "rollout.gpu_memory_utilization",
+                util,
+                f"building the engine claims {util} x {cap} GiB while the trainer keeps {kept:.1f} GiB of "
+                f"params per GPU: {kept + util * cap:.1f} GiB > {cap} GiB; lower it to at most "
+                f"{(cap - kept) / cap:.2f} or raise layout.tp/pp",
             )
         ]
     return []

@@ -10,7 +10,7 @@ last sample finishes shows up as the `scoring` phase. Then every rank receives e
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
@@ -24,6 +24,10 @@ class CollectStats:
     scoring_tail_s: float = 0.0  # scoring time not hidden behind generation
     scoring_busy_s: float = 0.0  # sum of per-sample sandbox seconds
     samples: int = 0
+    # Seconds from the start of each generate call to each of this engine's samples finishing, per call:
+    # how long the batch waited on its longest completion (see summary.generation_tail_seconds).
+    finish_s: list[list[float]] = field(default_factory=list)
+    call_s: list[float] = field(default_factory=list)
 
 
 def engine_prompts(num_prompts: int, engine_index: int, engine_count: int) -> list[int]:
@@ -45,14 +49,18 @@ def generate_and_score(
     """This engine's samples, scored (only the engine's leader returns them; other TP ranks get [])."""
     pending: dict[tuple[int, int], object] = {}
     t0 = time.perf_counter()
+    finished: list[float] = []
     with timer.phase("generation"):
         for s in engine.generate_stream([p.prompt_ids for p in prompts], n, call_id=call_id):
+            finished.append(time.perf_counter() - t0)
             stats.generated_tokens += len(s.token_ids)
             if is_leader:
                 key = (global_index[s.prompt_index], s.sample_index)
                 pending[key] = s
                 pool.submit(key, task.problem(prompts[s.prompt_index]), task.program(s.token_ids))
     stats.generation_s += time.perf_counter() - t0
+    stats.finish_s.append(finished)
+    stats.call_s.append(time.perf_counter() - t0)
     if not is_leader:
         return []
     t1 = time.perf_counter()
@@ -134,7 +142,7 @@ def collect_batch(cfg, engine, engine_index: int, is_leader: bool, task, pool, t
             break
         import torch
 
-        rewards = torch.tensor([s.reward for g in groups for s in g])
+        rewards = torch.tensor([s.reward for g in groups for s in g], device="cpu")
         informative = informative_groups(rewards, n).tolist()
         kept += [g for g, keep in zip(groups, informative) if keep]
         spare += [g for g, keep in zip(groups, informative) if not keep]

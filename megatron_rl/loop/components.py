@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from megatron_rl.layout import ParallelLayout
 from megatron_rl.models.spec import ModelSpec
+from megatron_rl.rollout.delivery import delivery_for
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def build_publisher(cfg, run, engine):
     layout = ParallelLayout.from_config(cfg.layout)
     spec = ModelSpec.from_config(cfg.model)
     links = Links.from_cluster(cfg.cluster)
-    delivery = "inplace" if engine.on_gpu else "loader"
+    delivery = delivery_for(engine.on_gpu)
     return Publisher(
         layout,
         spec,
@@ -114,18 +115,19 @@ def build_checkpointer(cfg, run):
 
 
 def resume(cfg, run, policy, reference, task) -> int:
-    """The step to start from: 0, or that of the checkpoint `checkpoint.resume` selects (auto: newest complete)."""
+    """The step to start from: 0, or that of the checkpoint `checkpoint.resume` selects (auto: the newest
+    that verifies). Every rank takes part: verifying re-hashes a share of the files on each."""
     from pathlib import Path
 
     from megatron_rl.checkpoint.resume import find, load
 
-    path = find(cfg.checkpoint.resume, Path(cfg.checkpoint.dir) / run.name) if run.is_main else None
+    path = find(cfg.checkpoint.resume, Path(cfg.checkpoint.dir) / run.name)
     box = [str(path) if path else None]
     dist.broadcast_object_list(box, src=0)  # every rank loads the same checkpoint
     if box[0] is None:
         return 0
     state = load(Path(box[0]), run, policy, reference, task)
-    log.info("resumed from %s at step %d", box[0], state["step"])
+    run.say(f"resumed from {box[0]} at step {state['step']}")
     return int(state["step"])
 
 

@@ -4,6 +4,9 @@ Every rank holds the whole step's samples (they are small: token ids and a few f
 normalisers (tokens or sequences of a minibatch over all DP ranks) are computed locally and
 identically everywhere, with no extra collective.
 
+Host bookkeeping: every tensor here is made on the host (`device="cpu"`, said explicitly: the
+trainer moves what it needs to its device, trainer/batch.py).
+
 Sample order is prompt-major (the n samples of a prompt adjacent), which group advantages need.
 The assignment to DP ranks and minibatches comes from a permutation seeded by (seed, step), so it
 is the same on every rank and after a resume.
@@ -41,9 +44,9 @@ class ScoredSample:
 
 def shaped_rewards(samples: list[ScoredSample], algo, max_new_tokens: int) -> torch.Tensor:
     """Rewards [G], with the over-long length penalty added when the recipe asks for it."""
-    r = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    r = torch.tensor([s.reward for s in samples], dtype=torch.float32, device="cpu")
     if algo.overlong == "penalty" and algo.overlong_penalty_tokens > 0:
-        lengths = torch.tensor([len(s.token_ids) for s in samples], dtype=torch.float32)
+        lengths = torch.tensor([len(s.token_ids) for s in samples], dtype=torch.float32, device="cpu")
         r = r + overlong_penalty(lengths, max_new_tokens, algo.overlong_penalty_tokens)
     return r
 
@@ -51,7 +54,7 @@ def shaped_rewards(samples: list[ScoredSample], algo, max_new_tokens: int) -> to
 def assign(num_samples: int, dp: int, minibatches: int, seed: int, step: int) -> list[list[list[int]]]:
     """[minibatch][dp_rank] -> sample indices; identical on every rank."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    order = torch.randperm(num_samples, generator=g).tolist()
+    order = torch.randperm(num_samples, generator=g, device="cpu").tolist()
     per_mb = num_samples // minibatches
     out = []
     for j in range(minibatches):
@@ -69,7 +72,7 @@ def loss_mask_keep(samples: list[ScoredSample], algo) -> list[float]:
 def global_normaliser(samples: list[ScoredSample], indices: list[int], keep: list[float], mode: str) -> float:
     """The minibatch's loss denominator over all DP ranks (tokens or sequences with a valid token)."""
     lengths = [len(samples[i].token_ids) if keep[i] else 0 for i in indices]
-    mask = torch.zeros(len(indices), max(max(lengths, default=1), 1))
+    mask = torch.zeros(len(indices), max(max(lengths, default=1), 1), device="cpu")
     for b, n in enumerate(lengths):
         mask[b, :n] = 1.0
     return float(loss_normalizer(mask, mode))
@@ -98,7 +101,9 @@ def advantages_with_kl(
     """Group advantages; with `algorithm.kl_in_reward`, of rewards minus kl_coef x the sample's KL sum."""
     rewards = shaped_rewards(samples, algo, max_new_tokens)
     if kl_per_sample is not None:
-        rewards = rewards - algo.kl_coef * torch.tensor([kl_per_sample[i] for i in range(len(samples))])
+        rewards = rewards - algo.kl_coef * torch.tensor(
+            [kl_per_sample[i] for i in range(len(samples))], device="cpu"
+        )
     return group_advantages(rewards, n, std_norm=algo.advantage_std_norm)
 
 
@@ -108,13 +113,13 @@ def minibatch_extras(
     """Per-completion-token tensors of a minibatch's samples, laid on the trainer's [B, T] grid."""
 
     def per_token(i: int, value: float) -> torch.Tensor:
-        return torch.full((len(samples[i].token_ids),), float(value))
+        return torch.full((len(samples[i].token_ids),), float(value), device="cpu")
 
     extras = {
         "adv": [per_token(i, adv[i]) for i in idx],
         "keep": [per_token(i, keep[i]) for i in idx],
         "old": [old[i] for i in idx],
-        "rollout": [torch.tensor(samples[i].logprobs) for i in idx],
+        "rollout": [torch.tensor(samples[i].logprobs, device="cpu") for i in idx],
     }
     if ref:
         extras["ref"] = [ref[i] for i in idx]

@@ -1,4 +1,9 @@
-"""Step metrics from the pieces of a step, and the end-of-run reward summary."""
+"""Step metrics from the pieces of a step, and the end-of-run reward summary.
+
+Besides rewards, tokens and throughput, a step records what `megatron-rl report` needs to say where the
+devices sat idle (`generation.tail_s`: the batch waiting on its longest completion), the share of
+completions that stopped on their own (`stop_fraction`), and the trainer's model FLOPs (for MFU).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,30 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+def generation_tail_seconds(finish_s: list[float], call_s: float) -> float:
+    """Batch-slot seconds left empty while a generate call waited on its longest completion.
+
+    With N samples finishing at f_1..f_N in a call of T seconds, the share of the batch still running at
+    time t is #{f_i > t} / N; the empty share integrates to T - mean(f). It is 0 when every completion
+    runs to the end and approaches T when one long completion holds the engine alone.
+    """
+    if not finish_s:
+        return 0.0
+    return max(0.0, call_s - sum(finish_s) / len(finish_s))
+
+
+def trainer_flops(spec, samples: list[ScoredSample], forwards: int) -> float:
+    """Model FLOPs of the trainer's step: `forwards` forward passes (3 per trained pass: forward and
+    backward; 1 per log-prob pass) over every sequence, matmuls 2·P per token and causal attention
+    2·L·q·S·(S+1) per sequence (the planner's convention, plan/flops.py)."""
+    matmul = spec.num_layers * spec.layer_params() + spec.vocab_size * spec.hidden_size
+    total = 0.0
+    for s in samples:
+        seq = len(s.prompt_ids) + len(s.token_ids)
+        total += 2.0 * matmul * seq + 2.0 * spec.num_layers * spec.q_size * seq * (seq + 1)
+    return forwards * total
+
+
 def step_metrics(
     samples: list[ScoredSample], stats: CollectStats, agreement: dict, train: list[dict], publication, run
 ) -> dict:
@@ -22,6 +51,12 @@ def step_metrics(
     gen_s = phases_now.get("generation").seconds if "generation" in phases_now else stats.generation_s
     train_s = sum(phases_now[p].seconds for p in ("train_fwd_bwd", "optimizer") if p in phases_now)
     versions = sorted({s.version for s in samples})
+    from megatron_rl.models.spec import ModelSpec
+
+    cfg = run.recipe
+    # Trained: forward + backward (3 forwards' worth); old log-probs: 1; reference log-probs: 1 when used.
+    forwards = 3 + 1 + (1 if "ref_logprobs" in phases_now else 0)
+    tails = [generation_tail_seconds(f, t) for f, t in zip(stats.finish_s, stats.call_s)]
     return {
         "version": versions[0] if len(versions) == 1 else versions,
         "published_version": publication.version,
@@ -46,6 +81,16 @@ def step_metrics(
             if stats.scoring_busy_s > 0
             else 0.0,
         },
+        "generation": {
+            "tail_s": sum(tails),
+            "calls": len(tails),
+            "seconds": sum(stats.call_s),
+        },
+        "stop_fraction": 1.0 - _mean([float(s.truncated) for s in samples]),
+        "flops": {
+            "trainer": trainer_flops(ModelSpec.from_config(cfg.model), samples, forwards),
+            "peak_per_device": cfg.cluster.peak_tflops_bf16 * 1e12,
+        },
         "logprob_agreement": agreement,
         "train": {
             k: _mean([t[k] for t in train if k in t])
@@ -54,6 +99,10 @@ def step_metrics(
         },
         "publication": {
             "activated": bool(publication.activated),
+            "active_version": publication.active_version,
+            "attempts": int(publication.attempts),
+            "refused": list(publication.problems[:10]),  # every rank's problems, empty when activated
+            "action": publication.action,
             "bytes_received": int(sum(publication.stats.recv.values())),
             "bytes_local": int(publication.stats.local),
             "bytes_staged": int(publication.bytes_staged),

@@ -1,4 +1,7 @@
-"""`megatron-rl plan RECIPE [overrides...] [--json] [--plot FILE] [--from-steps F]`."""
+"""`megatron-rl plan RECIPE [overrides...] [--json] [--plot FILE] [--from-steps F]`.
+
+With `--from-steps RUN/steps.jsonl` the recipe may be left out: the run's own recipe.json is planned.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +22,11 @@ def _parser() -> argparse.ArgumentParser:
         prog="megatron-rl plan",
         description="Size a run before renting GPUs: time, GPU-seconds, memory, publication, failures, layouts.",
     )
-    p.add_argument("recipe", help="a shipped recipe name or a path to a recipe YAML")
+    p.add_argument(
+        "recipe",
+        nargs="?",
+        help="a shipped recipe name or a path to a recipe YAML (default with --from-steps: the run's own)",
+    )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. cluster.nodes=16 layout.engine_tp=8")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of text")
     p.add_argument("--plot", metavar="FILE", help="write a PNG Gantt of the serial and overlapped timelines")
@@ -49,8 +56,19 @@ def main(argv: list[str] | None = None) -> int:
 
     from megatron_rl.config.load import RecipeNotFound, load_recipe
 
+    if args.recipe is not None and "=" in args.recipe:  # an override, not a recipe name
+        args.overrides, args.recipe = [args.recipe, *args.overrides], None
     try:
-        recipe = load_recipe(args.recipe, args.overrides)
+        if args.recipe is None:
+            if not args.from_steps:
+                raise PlanError("name a recipe (megatron-rl list), or pass --from-steps RUN/steps.jsonl")
+            if args.overrides:
+                raise PlanError("overrides need a recipe name: megatron-rl plan RECIPE [overrides] ...")
+            from megatron_rl.plan.from_run import recipe_of_run
+
+            recipe = recipe_of_run(args.from_steps)
+        else:
+            recipe = load_recipe(args.recipe, args.overrides)
         inp = inputs_from_recipe(recipe)
         layout = layout_from_recipe(recipe)
         cal = None

@@ -8,12 +8,15 @@ all ranks, next to the per-rank values.
 Peaks: on GPU, `torch.cuda` allocated and reserved with `reset_peak_memory_stats` per phase; on
 CPU, the resident high-water mark (VmHWM), reset per phase through /proc/self/clear_refs (Linux
 >= 4.0). Where the reset is not permitted the process-lifetime peak is reported and flagged.
+
+Each phase call also leaves a span (name, start, end; wall-clock seconds since the epoch) so a trace can
+show every rank's phases side by side (`megatron-rl report --trace`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -68,22 +71,28 @@ class PhaseTimer:
 
     cuda: bool = field(default_factory=torch.cuda.is_available)
     stats: dict[str, PhaseStats] = field(default_factory=dict)
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
     peak_reset_ok: bool = True
+    # Told each phase's name as it starts (the progress bar shows it), whoever times the phase.
+    on_enter: Callable[[str], None] | None = None
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        if self.on_enter is not None:
+            self.on_enter(name)
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         else:
             self.peak_reset_ok = reset_cpu_peak() and self.peak_reset_ok
-        t0 = time.perf_counter()
+        wall0, t0 = time.time(), time.perf_counter()
         try:
             yield
         finally:
             if self.cuda:
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
+            self.spans.append((name, round(wall0, 4), round(wall0 + dt, 4)))
             s = self.stats.setdefault(name, PhaseStats())
             s.seconds += dt
             s.calls += 1
@@ -97,6 +106,23 @@ class PhaseTimer:
         """This step's stats, and start a new step."""
         out, self.stats = self.stats, {}
         return out
+
+    def take_spans(self) -> list[tuple[str, float, float]]:
+        """This step's (phase, start, end) spans in the order they ran, and start a new list."""
+        out, self.spans = self.spans, []
+        return out
+
+
+def gather_spans(local: list[tuple[str, float, float]], group=None) -> list[list[list]]:
+    """Every rank's phase spans of this step, indexed by rank. Collective (small Python objects)."""
+    import torch.distributed as dist
+
+    mine = [[n, a, b] for n, a, b in local]
+    if not dist.is_initialized():
+        return [mine]
+    out: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, mine, group=group)
+    return out
 
 
 def reduce_over_ranks(local: dict[str, PhaseStats], names: tuple[str, ...], group=None) -> dict[str, dict]:

@@ -1,4 +1,4 @@
-"""Where step records go: a JSONL file, Weights & Biases, a progress bar, and a timeline PNG.
+"""Where step records go: a JSONL file, Weights & Biases and a progress bar (pictures: plots.py).
 
 Only rank 0 writes (the records already hold the max over ranks). W&B runs offline when no API key
 is configured, respects WANDB_MODE (offline / disabled / online), and groups runs by recipe name.
@@ -10,8 +10,7 @@ import json
 import os
 import sys
 from pathlib import Path
-
-from megatron_rl.telemetry.phases import PHASES
+from typing import TextIO
 
 
 class JsonlWriter:
@@ -66,6 +65,12 @@ class WandbSink:
     def write(self, record: dict) -> None:
         self.run.log(flatten({k: v for k, v in record.items() if k != "step"}), step=record["step"])
 
+    def figure(self, name: str, png: Path) -> None:
+        """A picture of the run (the timeline) as a W&B media panel, next to the metrics."""
+        import wandb
+
+        self.run.log({f"figures/{name}": wandb.Image(str(png))})
+
     def close(self) -> None:
         self.run.finish()
 
@@ -73,7 +78,7 @@ class WandbSink:
 class Progress:
     """A tqdm bar over steps showing reward and the phase now running."""
 
-    def __init__(self, total: int, enabled: bool = True, initial: int = 0):
+    def __init__(self, total: int, enabled: bool = True, initial: int = 0, file: TextIO | None = None):
         from tqdm import tqdm
 
         self.bar = tqdm(
@@ -82,7 +87,7 @@ class Progress:
             disable=not enabled,
             desc="grpo",
             unit="step",
-            file=sys.stderr,
+            file=file if file is not None else sys.stderr,
             dynamic_ncols=True,
         )
 
@@ -96,43 +101,3 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
-
-
-def plot_timeline(records: list[dict], path: Path) -> Path:
-    """A PNG of the phases of every step laid end to end (max over ranks), one colour per phase."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colours = dict(zip(PHASES, plt.get_cmap("tab10").colors))
-    fig, (ax, ax_mem) = plt.subplots(2, 1, figsize=(11, 5.5), height_ratios=[1, 1.4])
-    t = 0.0
-    for rec in records:
-        for name in PHASES:
-            ph = rec.get("phases", {}).get(name)
-            if not ph or ph["seconds"] <= 0:
-                continue
-            ax.barh(0, ph["seconds"], left=t, color=colours[name], edgecolor="none")
-            t += ph["seconds"]
-    ax.set_yticks([])
-    ax.set_xlabel("seconds (phases end to end; each is the slowest rank's time)")
-    ax.set_title("Phase timeline")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[p]) for p in PHASES]
-    ax.legend(handles, PHASES, ncol=4, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45))
-    for name in PHASES:
-        ran = [
-            (r["step"], r["phases"][name]["mem_gib"])
-            for r in records
-            if r.get("phases", {}).get(name, {}).get("seconds", 0.0) > 0
-        ]
-        if ran:
-            xs, ys = zip(*ran)
-            ax_mem.plot(xs, ys, marker=".", color=colours[name], label=name)
-    ax_mem.set_xlabel("step")
-    ax_mem.set_ylabel("peak memory, GiB (max over ranks)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

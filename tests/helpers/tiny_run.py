@@ -27,8 +27,11 @@ def launch(
     name: str = "run",
     wait: bool = True,
     timeout: float = 900,
+    env: dict | None = None,
 ):
-    """Start `python -m megatron_rl.launch_local grpo_tiny_cpu` with outputs under tmp."""
+    """Start `python -m megatron_rl.launch_local grpo_tiny_cpu` with outputs under tmp.
+
+    The launcher's terminal output (stdout and stderr) goes to tmp/<name>.log."""
     overrides = [
         f"steps={steps}",
         f"logger.run_dir={tmp / 'outputs'}",
@@ -42,6 +45,7 @@ def launch(
         "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
         "MEGATRON_RL_RUN_NAME": name,
         "PYTHONPATH": str(REPO),
+        **(env or {}),
     }
     cmd = [sys.executable, "-m", "megatron_rl.launch_local", "grpo_tiny_cpu", *overrides]
     log = (tmp / f"{name}.log").open("a")
@@ -53,6 +57,29 @@ def launch(
         if rc != 0:
             raise AssertionError(f"tiny run failed rc={rc}:\n{(tmp / f'{name}.log').read_text()[-6000:]}")
     return proc
+
+
+def kill_run(proc: subprocess.Popen) -> int:
+    """SIGKILL a launched run and every process under it, at once, as a node failure would.
+
+    Killing the launcher's process group is not enough: torchrun starts each rank in a session of
+    its own, so the ranks (and their checkpoint writers and reward workers) would run on, orphaned.
+    Returns how many processes were killed."""
+    import signal
+
+    import psutil
+
+    try:
+        tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+    except psutil.NoSuchProcess:
+        tree = []
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    return len(tree)
 
 
 def records(tmp: Path, name: str = "run") -> list[dict]:

@@ -6,7 +6,8 @@ import time
 import pytest
 
 from megatron_rl.telemetry.phases import PHASES, PhaseTimer, cpu_peak_gib, reduce_over_ranks, reset_cpu_peak
-from megatron_rl.telemetry.sinks import JsonlWriter, flatten, plot_timeline
+from megatron_rl.telemetry.plots import plot_timeline
+from megatron_rl.telemetry.sinks import JsonlWriter, flatten
 
 
 def test_peak_is_reset_per_phase():

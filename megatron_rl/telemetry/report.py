@@ -1,0 +1,283 @@
+"""Read a finished (or running) run from its step records: where the time and memory went.
+
+Every number comes from `steps.jsonl`, whose phase values are already the maximum over ranks. The
+first step is reported apart: engine warm-up and compilation make it many times a steady step, so the
+mean, p50 and max columns and the shares cover the steps after it (all steps when there is only one).
+
+Idle time, per step:
+  longest completion  batch-slot seconds the engine spent with finished samples' slots empty, waiting
+                      on the longest completion (`generation.tail_s`; see loop/summary.py)
+  reward pool         the `scoring` phase: scoring still running after generation ended
+  switch              handing the device between trainer and engine (offload, sleep, wake)
+  publication         the `publish` phase: new weights resharded into the engines
+MFU counts the trainer's model FLOPs (forward, backward and log-prob passes) over the whole step,
+against `cluster.peak_tflops_bf16` per device from the recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from megatron_rl.telemetry.phases import PHASES
+
+STEP_PHASES = tuple(p for p in PHASES if p != "init")
+WINDOW = 10
+
+
+class ReportError(Exception):
+    """A run directory or step file that cannot be read; the message says what is wrong."""
+
+
+def load_records(run: str | Path) -> list[dict]:
+    """Step records of a run directory (or of a steps.jsonl path), in step order."""
+    path = Path(run)
+    if path.is_dir():
+        path = path / "steps.jsonl"
+    if not path.is_file():
+        raise ReportError(f"{run}: no steps.jsonl here; pass a run directory such as outputs/<run>/")
+    records = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ReportError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or "phases" not in rec:
+            raise ReportError(f'{path}:{lineno}: a step record needs an integer "step" and "phases"')
+        records.append(rec)
+    if not records:
+        raise ReportError(f"{path}: no step records yet")
+    # A resumed run appends: keep the last record of each step.
+    return sorted({r["step"]: r for r in records}.values(), key=lambda r: r["step"])
+
+
+def _get(rec: dict, *keys, default=None):
+    for k in keys:
+        if not isinstance(rec, dict) or k not in rec:
+            return default
+        rec = rec[k]
+    return rec
+
+
+def _secs(rec: dict, name: str) -> float:
+    return float(_get(rec, "phases", name, "seconds", default=0.0))
+
+
+def _step_s(rec: dict) -> float:
+    """A step's wall time without start-up (init is counted once per start, not per step)."""
+    return sum(_secs(rec, p) for p in STEP_PHASES)
+
+
+def _stats(xs: list[float]) -> dict:
+    if not xs:
+        return {"mean": None, "p50": None, "max": None}
+    return {"mean": statistics.fmean(xs), "p50": statistics.median(xs), "max": max(xs)}
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return statistics.fmean(xs) if xs else None
+
+
+def _stop_fraction(rec: dict) -> float | None:
+    """Share of completions that ended on a stop token (older records hold only the truncated share)."""
+    if "stop_fraction" in rec:
+        return rec["stop_fraction"]
+    truncated = _get(rec, "tokens", "truncated_fraction")
+    return None if truncated is None else 1.0 - truncated
+
+
+TRENDS = {
+    "reward": lambda r: _get(r, "reward", "mean"),
+    "KL": lambda r: _get(r, "train", "kl"),
+    "log-prob agreement |d|": lambda r: _get(r, "logprob_agreement", "mean_abs_diff"),
+    "stop fraction": _stop_fraction,
+}
+
+
+def summarize(records: list[dict]) -> dict:
+    """Everything `megatron-rl report` prints, as one JSON-able dict."""
+    first, steady = records[0], (records[1:] if len(records) > 1 else records)
+    total = sum(_step_s(r) for r in steady)
+    phases = {}
+    for name in PHASES:
+        pool = [r for r in records if _secs(r, name) > 0] if name == "init" else steady
+        secs = [_secs(r, name) for r in pool]
+        mem = [float(_get(r, "phases", name, "mem_gib", default=0.0)) for r in pool if _secs(r, name) > 0]
+        phases[name] = {
+            "seconds": _stats(secs),
+            "mem_gib": _stats(mem),
+            "first_step_s": _secs(first, name),
+            "share": None if name == "init" or total <= 0 else sum(secs) / total,
+        }
+    step = _stats([_step_s(r) for r in steady])
+    step["first_step_s"] = _step_s(first)
+
+    def idle(values: list[float | None]) -> dict:
+        known = [v for v in values if v is not None]
+        if not known:
+            return {"seconds_per_step": None, "share": None}
+        return {"seconds_per_step": statistics.fmean(known), "share": sum(known) / total if total else None}
+
+    idle_time = {
+        "longest_completion": idle([_get(r, "generation", "tail_s") for r in steady]),
+        "reward_pool": idle([_secs(r, "scoring") for r in steady]),
+        "switch": idle([_get(r, "switch_seconds") for r in steady]),
+        "publication": idle([_secs(r, "publish") for r in steady]),
+    }
+    gen_s = sum(_secs(r, "generation") for r in steady)
+    train_s = sum(_secs(r, "train_fwd_bwd") + _secs(r, "optimizer") for r in steady)
+    generated = sum(_get(r, "tokens", "generated", default=0) for r in steady)
+    trained = sum(_get(r, "tokens", "trained", default=0) for r in steady)
+    world = len(_get(first, "phases", "generation", "seconds_by_rank", default=[None]))
+    peak = _get(first, "flops", "peak_per_device")
+    flops = [_get(r, "flops", "trainer") for r in steady]
+    mfu = None
+    if peak and total > 0 and all(f is not None for f in flops):
+        mfu = sum(flops) / (total * world * peak)
+    n = len(records)
+    w = min(WINDOW, max(n // 2, 1))
+    trends = {}
+    for label, get in TRENDS.items():
+        series = [get(r) for r in records]
+        trends[label] = {
+            "first": _mean(series[:w]),
+            "last": _mean(series[-w:]),
+            "window": w,
+            "series": series,
+        }
+    return {
+        "steps": n,
+        "first_step": first["step"],
+        "last_step": records[-1]["step"],
+        "ranks": world,
+        "phases": phases,
+        "step": step,
+        "idle": idle_time,
+        "throughput": {
+            "generated_tokens_per_s": generated / gen_s if gen_s > 0 else None,
+            "trained_tokens_per_s": trained / train_s if train_s > 0 else None,
+            "end_to_end_tokens_per_s": trained / total if total > 0 else None,
+            "mfu": mfu,
+            "peak_flops_per_device": peak,
+        },
+        "trends": trends,
+    }
+
+
+# ---- text -------------------------------------------------------------------------------------------
+def _f(x, fmt: str = "{:.2f}", none: str = "-") -> str:
+    return none if x is None else fmt.format(x)
+
+
+def _pct(x) -> str:
+    return _f(None if x is None else 100 * x, "{:.1f}%")
+
+
+def _table(rows: list[tuple]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [str(c).ljust(widths[0]) if i == 0 else str(c).rjust(widths[i]) for i, c in enumerate(r)]
+        out.append("  " + "  ".join(cells))
+    return out
+
+
+def _span(s: dict) -> str:
+    if s["steps"] == 1:
+        return f"step {s['first_step']} only"
+    return f"steps {s['first_step'] + 1}-{s['last_step']}; step {s['first_step']} (warm-up) apart"
+
+
+def phase_lines(s: dict) -> list[str]:
+    """The per-phase table: seconds (mean, p50, max), the first step, share of a step, peak memory."""
+    rows = [("phase", "mean s", "p50 s", "max s", "step 1 s", "share", "peak GiB")]
+    for name in PHASES:
+        p = s["phases"][name]
+        if not p["seconds"]["max"] and not p["first_step_s"]:
+            continue  # a phase this run does not have (no reference model, say)
+        sec = p["seconds"]
+        rows.append(
+            (
+                name,
+                _f(sec["mean"]),
+                _f(sec["p50"]),
+                _f(sec["max"]),
+                _f(p["first_step_s"]),
+                _pct(p["share"]),
+                _f(p["mem_gib"]["max"]),
+            )
+        )
+    st = s["step"]
+    rows.append(("step", _f(st["mean"]), _f(st["p50"]), _f(st["max"]), _f(st["first_step_s"]), "100%", ""))
+    idle = s["idle"]
+    parts = [
+        f"{label} {_f(idle[key]['seconds_per_step'])} s ({_pct(idle[key]['share'])})"
+        for key, label in (
+            ("longest_completion", "waiting on the longest completion"),
+            ("reward_pool", "on the reward pool"),
+            ("switch", "on the trainer/engine switch"),
+            ("publication", "on publication"),
+        )
+    ]
+    return [
+        f"per phase, seconds of the slowest rank ({_span(s)}):",
+        *_table(rows),
+        "idle per step: " + ", ".join(parts),
+    ]
+
+
+def phase_table(records: list[dict]) -> str:
+    """What the end of a run prints: the per-phase table and the idle line."""
+    return "\n".join(phase_lines(summarize(records)))
+
+
+def render(s: dict, run: str) -> str:
+    t = s["throughput"]
+    mfu = (
+        f"MFU {_pct(t['mfu'])} of {t['peak_flops_per_device'] / 1e12:g} TFLOP/s per device (recipe cluster peak)"
+        if t["mfu"] is not None
+        else "MFU unknown (no device peak in the records)"
+    )
+    lines = [f"run {run}: {s['steps']} steps, {s['ranks']} ranks", *phase_lines(s), ""]
+    lines.append(
+        f"throughput: generated {_f(t['generated_tokens_per_s'], '{:,.0f}')} tok/s while generating, "
+        f"trained {_f(t['trained_tokens_per_s'], '{:,.0f}')} tok/s while training, "
+        f"{_f(t['end_to_end_tokens_per_s'], '{:,.0f}')} tok/s end to end; {mfu}"
+    )
+    w = next(iter(s["trends"].values()))["window"]
+    lines.append(f"trends (mean of the first {w} steps -> the last {w}):")
+    for label, tr in s["trends"].items():
+        lines.append(f"  {label:<24} {_f(tr['first'], '{:.4g}')} -> {_f(tr['last'], '{:.4g}')}")
+    return "\n".join(lines) + "\n"
+
+
+def render_compare(a: dict, b: dict, name_a: str, name_b: str) -> str:
+    """Two runs side by side: p50 seconds per phase, idle, throughput and trends, with B/A ratios."""
+
+    def ratio(x, y):
+        return _f(y / x, "x{:.2f}") if x and y is not None else "-"
+
+    rows = [("p50 seconds", "A", "B", "B/A")]
+    for name in STEP_PHASES:
+        x, y = a["phases"][name]["seconds"]["p50"], b["phases"][name]["seconds"]["p50"]
+        if x or y:
+            rows.append((name, _f(x), _f(y), ratio(x, y)))
+    rows.append(
+        ("step", _f(a["step"]["p50"]), _f(b["step"]["p50"]), ratio(a["step"]["p50"], b["step"]["p50"]))
+    )
+    for key in ("longest_completion", "reward_pool", "switch", "publication"):
+        x, y = a["idle"][key]["seconds_per_step"], b["idle"][key]["seconds_per_step"]
+        rows.append((f"idle: {key}", _f(x), _f(y), ratio(x, y)))
+    for key in ("generated_tokens_per_s", "trained_tokens_per_s", "end_to_end_tokens_per_s"):
+        x, y = a["throughput"][key], b["throughput"][key]
+        rows.append((key, _f(x, "{:,.0f}"), _f(y, "{:,.0f}"), ratio(x, y)))
+    for label in a["trends"]:
+        x, y = a["trends"][label]["last"], b["trends"][label]["last"]
+        rows.append((f"{label} (last)", _f(x, "{:.4g}"), _f(y, "{:.4g}"), ratio(x, y)))
+    head = [f"A = {name_a} ({a['steps']} steps)", f"B = {name_b} ({b['steps']} steps)"]
+    return "\n".join([*head, *_table(rows)]) + "\n"

@@ -1,0 +1,70 @@
+"""`megatron-rl report RUN_DIR [--compare RUN2] [--json] [--trace F] [--plot F]`: read a run's steps.jsonl."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from megatron_rl.telemetry.report import ReportError, load_records, render, render_compare, summarize
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="megatron-rl report",
+        description="Where a run's time and memory went: per-phase seconds and peak memory, idle time, "
+        "throughput, MFU and learning trends, from RUN_DIR/steps.jsonl.",
+    )
+    p.add_argument("run", metavar="RUN_DIR", help="a run's output folder (outputs/<run>/) or its steps.jsonl")
+    p.add_argument("--compare", metavar="RUN2", help="a second run to put side by side (B) with RUN_DIR (A)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--trace", metavar="FILE", help="write every rank's phases as a Chrome/Perfetto trace")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG: phases per step, memory, and the trends")
+    return p
+
+
+def _clean(x):
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_clean(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        records = load_records(args.run)
+        other = load_records(args.compare) if args.compare else None
+        summary = summarize(records)
+        if args.trace:
+            from megatron_rl.telemetry.trace import write_trace
+
+            write_trace(records, args.trace)
+    except (ReportError, ValueError) as e:
+        print(f"megatron-rl report: {e}", file=sys.stderr)
+        return 2
+    if args.plot:
+        from megatron_rl.telemetry.plots import plot_report
+
+        plot_report(records, args.plot)
+    if args.json:
+        out = {"run": str(args.run), **summary}
+        if other is not None:
+            out = {"A": out, "B": {"run": str(args.compare), **summarize(other)}}
+        print(json.dumps(_clean(out), indent=1))
+    elif other is not None:
+        print(render_compare(summary, summarize(other), str(args.run), str(args.compare)), end="")
+    else:
+        print(render(summary, str(args.run)), end="")
+    written = [f"{what} written to {f}" for what, f in (("trace", args.trace), ("plot", args.plot)) if f]
+    if written and not args.json:
+        print("; ".join(written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

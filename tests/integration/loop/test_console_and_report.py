@@ -1,0 +1,176 @@
+"""A quiet terminal and `megatron-rl report` on runs of the tiny recipe (real trainer, engines, sandbox).
+
+Run A (3 steps, quiet, progress bar on) is what `make demo` looks like; run B (2 steps, no KL, so no
+reference phase) runs with MEGATRON_RL_VERBOSE=1 and shows what the quiet terminal keeps out: the same
+line budget that A passes fails there.
+"""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from megatron_rl.telemetry.phases import PHASES
+from tests.helpers.launch import REPO
+from tests.helpers.tiny_run import launch
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+BUDGET = 60
+BAR = re.compile(r"\|\s*\d+/\d+ \[")  # a tqdm redraw: "...| 2/3 [00:04<00:02, ..."
+
+
+def console_lines(text: str) -> list[str]:
+    """Terminal lines without the progress bar's redraws (it redraws in place with \\r)."""
+    out = []
+    for line in text.splitlines():
+        kept = [seg for seg in line.split("\r") if seg.strip() and not BAR.search(seg)]
+        out += kept
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("console")
+    launch(tmp, 3, ["logger.progress=true"], name="quiet")
+    launch(tmp, 2, ["algorithm.kl_coef=0"], name="verbose", env={"MEGATRON_RL_VERBOSE": "1"})
+    return tmp
+
+
+def _report(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "megatron_rl.cli", "report", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+def test_quiet_terminal_fits_the_line_budget_and_keeps_what_matters(runs):
+    text = (runs / "quiet.log").read_text()
+    lines = console_lines(text)
+    assert len(lines) <= BUDGET, "\n".join(lines)
+    assert lines[0].startswith("megatron-rl train grpo_tiny_cpu"), lines[:3]
+    assert any("outputs" in line and "quiet" in line for line in lines[:5])
+    assert any(line.startswith("reward: first-") for line in lines)
+    assert any(line.lstrip().startswith("generation") for line in lines), "no per-phase table"
+    assert "grpo reward=" in text, "the progress bar is gone"
+    for noise in ("Transformer Engine", "DistributedDataParallelConfig", "non-default args", "Traceback"):
+        assert noise not in text, noise
+
+
+def test_log_txt_holds_every_rank_prefixed(runs):
+    log = (runs / "outputs" / "quiet" / "log.txt").read_text()
+    assert "[rank0] " in log and "[rank1] " in log
+    assert all(line.startswith("[rank") for line in log.splitlines() if line)
+    assert "Transformer Engine" in log, "third-party warnings belong in log.txt"
+
+
+def test_no_chat_template_warmup(runs):
+    for name in ("quiet", "verbose"):
+        assert "Chat template warmup" not in (runs / "outputs" / name / "log.txt").read_text()
+
+
+def test_verbose_restores_everything_on_the_terminal(runs):
+    lines = console_lines((runs / "verbose.log").read_text())
+    assert len(lines) > BUDGET, "verbose shows the third-party output the quiet terminal keeps out"
+    assert any("Transformer Engine" in line for line in lines)
+
+
+def test_report_json_has_every_section(runs):
+    done = _report(str(runs / "outputs" / "quiet"), "--json")
+    assert done.returncode == 0, done.stderr
+    rep = json.loads(done.stdout)
+    assert rep["steps"] == 3 and rep["ranks"] == 2
+    assert set(rep["phases"]) == set(PHASES)
+    gen = rep["phases"]["generation"]
+    assert set(gen["seconds"]) == {"mean", "p50", "max"} and gen["seconds"]["max"] > 0
+    assert gen["mem_gib"]["max"] > 0.1 and 0 < gen["share"] < 1
+    assert gen["first_step_s"] > gen["seconds"]["p50"], "the first step carries the engine warm-up"
+    assert set(rep["idle"]) == {"longest_completion", "reward_pool", "switch", "publication"}
+    assert all(v["seconds_per_step"] is not None for v in rep["idle"].values())
+    t = rep["throughput"]
+    assert t["generated_tokens_per_s"] > 0 and t["trained_tokens_per_s"] > 0 and 0 < t["mfu"] < 1
+    assert set(rep["trends"]) == {"reward", "KL", "log-prob agreement |d|", "stop fraction"}
+    assert len(rep["trends"]["reward"]["series"]) == 3
+
+
+def test_report_trace_is_chrome_trace_with_every_rank(runs, tmp_path):
+    trace = tmp_path / "trace.json"
+    done = _report(str(runs / "outputs" / "quiet"), "--trace", str(trace))
+    assert done.returncode == 0, done.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["tid"] for e in spans} == {0, 1}
+    for e in spans:
+        assert e["name"] in PHASES and e["ts"] >= 0 and e["dur"] >= 0 and e["args"]["step"] in (1, 2, 3)
+    for rank in (0, 1):
+        for step in (1, 2, 3):
+            names = {e["name"] for e in spans if e["tid"] == rank and e["args"]["step"] == step}
+            assert {"generation", "train_fwd_bwd", "publish"} <= names, (rank, step, names)
+
+
+def test_report_plot_and_timeline_are_pngs(runs, tmp_path):
+    png = tmp_path / "report.png"
+    done = _report(str(runs / "outputs" / "quiet"), "--plot", str(png))
+    assert done.returncode == 0, done.stderr
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert (runs / "outputs" / "quiet" / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+    blobs = [f.read_bytes() for f in (runs / "outputs" / "quiet").rglob("run-*.wandb")]
+    assert blobs and any(b"figures/timeline" in blob for blob in blobs), "W&B gets the timeline too"
+
+
+def test_compare_puts_two_runs_side_by_side(runs):
+    a, b = runs / "outputs" / "quiet", runs / "outputs" / "verbose"
+    done = _report(str(a), "--compare", str(b))
+    assert done.returncode == 0, done.stderr
+    assert "(3 steps)" in done.stdout and "(2 steps)" in done.stdout
+    row = next(line for line in done.stdout.splitlines() if line.strip().startswith("generation "))
+    assert len(row.split()) == 4, row
+    # Run B has no reference model: its ref_logprobs row is absent or empty, A's is not.
+    done_json = _report(str(a), "--compare", str(b), "--json")
+    both = json.loads(done_json.stdout)
+    assert both["A"]["phases"]["ref_logprobs"]["seconds"]["p50"] > 0
+    assert both["B"]["phases"]["ref_logprobs"]["seconds"]["p50"] == 0
+
+
+def test_plan_from_steps_prints_measured_next_to_predicted(runs):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megatron_rl.cli",
+            "plan",
+            "grpo_tiny_cpu",
+            "--no-search",
+            "--from-steps",
+            str(runs / "outputs" / "quiet" / "steps.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    table = done.stdout[done.stdout.index("Calibration from") :]
+    assert "measured" in table and "predicted" in table
+    assert re.search(r"generation\s+[\d.]+\s+[\d.]+", table), table
+
+
+def test_a_failing_run_shows_its_error_briefly(tmp_path):
+    """An error after the console took over fds 1 and 2 still reaches the terminal, without torchrun's
+    traceback: each rank's message, one line per failed rank, and the end of log.txt."""
+    bad = tmp_path / "problems.jsonl"
+    bad.write_text('{"no": "prompt"}\n')
+    proc = launch(tmp_path, 1, [f"data.source={bad}"], name="failing", wait=False)
+    assert proc.wait(timeout=600) != 0
+    text = (tmp_path / "failing.log").read_text()
+    lines = console_lines(text)
+    assert "ended with exit code 1" in text and "run failed; the last" in text
+    summary = next(i for i, line in enumerate(lines) if "ended with exit code" in line)
+    # The ranks' own messages, before torchrun's summary and the log tail (which quotes log.txt, indented).
+    assert any(str(bad) in line and not line.startswith(" ") for line in lines[:summary]), text
+    assert "Traceback" not in text and "ChildFailedError" not in text
+    assert len(lines) < 25, text
