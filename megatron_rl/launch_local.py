@@ -8,7 +8,8 @@ build runs ~15x slower without it). The exit code is that of the first rank that
 
 The ranks keep the terminal quiet (a header, the progress bar, our warnings, errors and the closing
 summary) and write everything into `<run dir>/log.txt`; `--verbose` (or MEGATRON_RL_VERBOSE=1) shows
-every line on the terminal too. When the run fails, the end of log.txt is shown.
+every line on the terminal too. When the run fails, the last lines of log.txt from the rank that failed
+first are shown (launch_torchrun.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from megatron_rl.config.load import load_recipe
 from megatron_rl.config.validate import ConfigError, validate_recipe
+from megatron_rl.launch_torchrun import LOG_ENV
 
 
 def _free_port() -> int:
@@ -75,19 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     from megatron_rl.loop.names import run_name
 
     env["MEGATRON_RL_RUN_NAME"] = run_name(recipe, env)
-    rc = subprocess.call(cmd, env=env)
-    if rc != 0:
-        _show_log_tail(Path(recipe.logger.run_dir) / env["MEGATRON_RL_RUN_NAME"] / "log.txt")
-    return rc
-
-
-def _show_log_tail(log: Path, lines: int = 6) -> None:
-    """A failed run's last lines (errors from C code or a killed rank never pass through our handlers)."""
-    if not log.exists():
-        return
-    tail = log.read_text(errors="replace").splitlines()[-lines:]
-    print(f"run failed; the last {len(tail)} lines of {log}:", file=sys.stderr)
-    print("\n".join("  " + line for line in tail), file=sys.stderr)
+    # launch_torchrun shows the failed rank's last lines from here (errors from C code or a rank killed
+    # by a signal never pass through our handlers).
+    env[LOG_ENV] = str(Path(recipe.logger.run_dir) / env["MEGATRON_RL_RUN_NAME"] / "log.txt")
+    return subprocess.call(cmd, env=env)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from megatron_rl.loop.rl_batch import (
 from megatron_rl.loop.run import Run, seed_everything
 from megatron_rl.loop.summary import step_metrics
 from megatron_rl.rollout.logprob_check import compare
-from megatron_rl.rollout.timeshare import TimeShare, trainer_aside
+from megatron_rl.rollout.timeshare import TimeShare
 from megatron_rl.trainer.build import build_policy, frozen_copy
 
 
@@ -54,10 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     with run.phase("init"):
         policy = build_policy(cfg, run.state, with_optimizer=True)
         reference = frozen_copy(policy, cfg, run.state) if algo.kl_coef > 0 else None
-        # The engine claims its share of the device at construction: the trainer steps aside first.
-        with trainer_aside(policy.optimizer, policy.ddp, reference):
-            engine, engine_index, is_leader = components.build_engine(cfg, run)
-        timeshare = TimeShare(engine, policy.optimizer, policy.ddp, on_memory=run.note_memory)
+        # The engine claims its share of the device at construction: the trainer steps aside until it sleeps.
+        timeshare = TimeShare.start(
+            partial(components.build_engine, cfg, run),
+            policy.optimizer,
+            policy.ddp,
+            reference,
+            run.note_memory,
+        )
+        engine, (engine_index, is_leader) = timeshare.engine, components.engine_role(cfg, run)
         task = components.build_task(cfg)
         pool = components.build_reward_pool(cfg, is_leader)
         publisher = components.build_publisher(cfg, run, engine)

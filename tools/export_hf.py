@@ -37,6 +37,14 @@ def main(argv=None) -> int:
         ckpt = found[1]
     recipe = load_recipe(args.recipe, [*args.overrides, "model.hf_checkpoint=null"])
     state = init_parallel(recipe.layout.tp, recipe.layout.pp, seed=recipe.seed)
+    # Verified before any DCP read: torch's reader unpickles dist/.metadata (checkpoint/integrity.py).
+    from megatron_rl.checkpoint.resume import verify_shared
+
+    problems = verify_shared(ckpt)
+    if problems:
+        print(f"error: {ckpt} does not verify: {'; '.join(problems[:5])}", file=sys.stderr)
+        destroy_parallel()
+        return 1
     policy = build_policy(recipe, state, with_optimizer=False)
     loaded = dist_checkpointing.load({"model": policy.model.sharded_state_dict()}, str(ckpt / "dist"))
     policy.model.load_state_dict(loaded["model"])

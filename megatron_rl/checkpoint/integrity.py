@@ -10,6 +10,16 @@ rank 0 merges those, hashes the small files written at finalisation, and writes 
 Verification is the reverse, and can be shared: rank r of a job re-hashes every world-th file, and
 the problems of all ranks are gathered (resume.py). A quick check (sizes only, no reading) catches
 missing, truncated and empty files; the full check also catches changed bytes.
+
+Verification also stands between a checkpoint directory and code execution: torch DCP's
+`FileSystemReader.read_metadata` (under megatron-core's `dist_checkpointing.load`) pickle-loads
+`dist/.metadata`, so a planted `.metadata` would run code. Every DCP read in this project comes
+after a full verification of the directory against its manifest: resume (`resume.find` -> `load`,
+auto or an explicit path), `tools/export_hf.py`; `megatron-rl ckpt verify` reads no DCP file at
+all; the RNG files load with `weights_only=True`. Residual risk: the manifest is not signed, so
+whoever can write the directory can rewrite `MANIFEST.json` along with `.metadata` -- the checksums
+detect corruption, not an adversary; a checkpoint directory must be as trusted as the code that
+reads it. Also, a file replaced between verification and the read is not caught.
 """
 
 from __future__ import annotations

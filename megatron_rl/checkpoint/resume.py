@@ -18,7 +18,7 @@ import torch.distributed as dist
 from megatron_rl.checkpoint.integrity import verify
 from megatron_rl.checkpoint.save import sharded_state, unshare_adam_steps
 from megatron_rl.checkpoint.state import load_rng_state, set_rng_state
-from megatron_rl.checkpoint.store import list_checkpoints
+from megatron_rl.checkpoint.store import list_checkpoints, recover
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,10 @@ def find(resume: str, root: Path) -> Path | None:
         return None
     main = not dist.is_initialized() or dist.get_rank() == 0
     if resume == "auto":
+        if main:
+            recover(root)  # a sealed save that a crash left under its temporary name
+        if dist.is_initialized():
+            dist.barrier()
         skipped = 0
         for _step, path in reversed(list_checkpoints(root)):
             problems = verify_shared(path)
@@ -72,7 +76,9 @@ def find(resume: str, root: Path) -> Path | None:
 
 
 def load(path: Path, run, policy, reference, task) -> dict:
-    """Load model, optimizer, reference, this rank's RNG and the run state. Returns the run state."""
+    """Load model, optimizer, reference, this rank's RNG and the run state. Returns the run state.
+
+    `path` must have been verified (`find` does it): DCP unpickles `dist/.metadata` (integrity.py)."""
     from megatron.core import dist_checkpointing
 
     target = sharded_state(policy, reference, loading=True)

@@ -127,8 +127,23 @@ def _then_write_sums(write: Callable | None, ckpt: Path, rank: int, files: Calla
 
 
 class Checkpointer:
-    def __init__(self, root: Path, run, keep_last: int = 2, keep_every: int = 0, async_save: bool = True):
+    def __init__(
+        self,
+        root: Path,
+        run,
+        keep_last: int = 2,
+        keep_every: int = 0,
+        async_save: bool = True,
+        cpu_group=None,
+    ):
+        """`cpu_group`: the gloo group for the host-side agreement (bytes to write, the space verdict,
+        barriers) -- `ParallelState.cpu_group`; when not given, `run.state.cpu_group` or, at save
+        time, `policy.state.cpu_group`. Never the default group: on GPU that is NCCL, which refuses
+        host tensors ("No backend type associated with device type cpu")."""
         self.root, self.run = root, run
+        self.cpu_group = (
+            cpu_group if cpu_group is not None else getattr(getattr(run, "state", None), "cpu_group", None)
+        )
         self.keep_last, self.keep_every, self.async_save = keep_last, keep_every, async_save
         self._queue = None
         self._pending: tuple[Path, int] | None = None  # (directory, bytes) of the save in flight
@@ -145,6 +160,9 @@ class Checkpointer:
         self.wait()  # at most one save in flight
         t0 = time.perf_counter()
         final, work, rank = step_dir(self.root, step), partial_dir(self.root, step), self.run.rank
+        if self.cpu_group is None:
+            self.cpu_group = getattr(getattr(policy, "state", None), "cpu_group", None)
+        group = self.cpu_group
         state = sharded_state(policy, reference)
         needed = self._check_space(bytes_to_write(state))
         if self.run.is_main:
@@ -153,7 +171,7 @@ class Checkpointer:
                 (work / "dist").mkdir(parents=True)  # dist-checkpointing wants it to exist, empty
                 # no fsync (blocking time): a file a crash loses fails verification against the manifest
                 (work / "run_state.json").write_text(json.dumps(run_state, indent=1))
-        dist.barrier()
+        dist.barrier(group=group)
         rank_file = work / f"rank_{rank:05d}.pt"
 
         def mine() -> list[Path]:
@@ -172,21 +190,30 @@ class Checkpointer:
             self._queue.schedule_async_request(request)
         else:
             write_sums(work, rank, mine())
-            dist.barrier()
+            dist.barrier(group=group)
             self._complete(work, final, step, t0)
         self.last_save = {"step": step, "blocking_s": time.perf_counter() - t0, "local_param_bytes": nbytes}
         return final
 
     def _check_space(self, local_bytes: int) -> int:
-        """Bytes the whole save writes (all ranks); raises NoSpaceError on every rank if they do not fit."""
-        t = torch.tensor([local_bytes, 0], dtype=torch.int64)
+        """Bytes the whole save writes (all ranks); raises NoSpaceError on every rank if they do not fit.
+
+        Host tensors on the gloo `cpu_group`. Every rank reaches the same verdict: a rank that raised
+        alone would leave the others blocked in the next barrier until the process-group timeout."""
+        group = self.cpu_group
+        t = torch.tensor([local_bytes, 0], dtype=torch.int64, device="cpu")
         try:
             ensure_space(self.root, local_bytes)
         except NoSpaceError:
             t[1] = 1
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=group)
         needed = int(t[0])
-        if t[1] or (self.run.is_main and _free(self.root) < needed):
+        # rank 0 compares the total with the checkpoint disk's free space; its verdict is shared
+        verdict = torch.tensor(
+            [int(bool(t[1])) or int(self.run.is_main and _free(self.root) < needed)], device="cpu"
+        )
+        dist.all_reduce(verdict, op=dist.ReduceOp.MAX, group=group)
+        if verdict.item():
             raise NoSpaceError(self.root, needed)
         return needed
 

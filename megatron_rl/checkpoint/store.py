@@ -46,6 +46,24 @@ def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+def fresh_start_conflict(resume: str, root: Path) -> str | None:
+    """Why `checkpoint.resume=none` must not start in `root`, or None: it holds an earlier run's step_*.
+
+    Reusing a run name afresh would mix two runs: prune keeps the newest steps by number (the old
+    run's, deleting the new run's), and a later resume=auto resumes the old run. Checked at start-up,
+    before anything is built, and by `megatron-rl validate`."""
+    if resume != "none" or not root.is_dir():
+        return None
+    old = sorted(p.name for p in root.iterdir() if p.name.startswith("step_"))
+    if not old:
+        return None
+    return (
+        f"checkpoint.resume=none but {root} already holds checkpoints of an earlier run ({len(old)}: "
+        f"{old[0]} .. {old[-1]}) that would mix with this one; use another run name "
+        "(MEGATRON_RL_RUN_NAME or checkpoint.dir), or move or delete that directory (or resume=auto)"
+    )
+
+
 def newest_complete(root: Path) -> tuple[int, Path] | None:
     """The newest checkpoint that has its completion marker; incomplete ones are skipped with a warning."""
     for step, path in reversed(list_checkpoints(root)):
@@ -72,6 +90,42 @@ def newest_verified(
     return None, skipped
 
 
+def recover(root: Path) -> list[Path]:
+    """Bring back into place a sealed checkpoint that a crash left under a leftover name.
+
+    A kill between the two renames of `replace_into_place` leaves `step_N.replaced` (the old save) and
+    `step_N.partial` (the new one, sealed) and no `step_N`; a kill between a save's marker and its
+    rename leaves a sealed `step_N.partial`. Where `step_N` is missing, the `.partial` that verifies
+    (the newer save), else the `.replaced` that verifies, is renamed to `step_N`; what is left over is
+    pruned as before. Run by `prune` and by resume's `find` (rank 0) before they look. Returns the
+    restored directories."""
+    if not root.is_dir():
+        return []
+    leftovers: dict[int, dict[str, Path]] = {}
+    for p in root.iterdir():
+        m = _LEFTOVER.match(p.name)
+        if m and p.is_dir():
+            leftovers.setdefault(int(m.group(1)), {})[m.group(2)] = p
+    restored = []
+    for step, kinds in sorted(leftovers.items()):
+        final = step_dir(root, step)
+        if final.exists():
+            continue
+        for kind in ("partial", "replaced"):
+            p = kinds.get(kind)
+            if p is None or not is_complete(p):
+                continue
+            problems = verify(p)
+            if problems:
+                log.warning("not restoring %s: %s", p, "; ".join(problems[:3]))
+                continue
+            p.rename(final)
+            log.warning("restored %s from %s (a save was interrupted while renaming it into place)", final, p)
+            restored.append(final)
+            break
+    return restored
+
+
 def replace_into_place(partial: Path, final: Path) -> None:
     """Rename a finished save to its step name; an existing directory of that name goes only after."""
     if final.exists():
@@ -88,7 +142,9 @@ def prune(root: Path, keep_last: int, keep_every: int = 0, verified: Path | None
     """Delete complete checkpoints beyond the newest `keep_last` (keeping every `keep_every`-th step),
     incomplete ones older than the newest complete one, and leftover partial directories. The newest
     checkpoint that verifies is never deleted: `verified` names it when the caller knows it (the save
-    that just finished), else it is found by verifying from the newest down. Returns what was removed."""
+    that just finished), else it is found by verifying from the newest down. A sealed checkpoint left
+    under a leftover name by a crash is restored first (`recover`), not deleted. Returns what was removed."""
+    recover(root)
     ckpts = list_checkpoints(root)
     if verified is None:
         found, _ = newest_verified(root)

@@ -50,6 +50,13 @@ def validate(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    from megatron_rl.checkpoint.store import fresh_start_conflict
+    from megatron_rl.loop.names import run_name
+
+    conflict = fresh_start_conflict(recipe.checkpoint.resume, Path(recipe.checkpoint.dir) / run_name(recipe))
+    if conflict:
+        print(f"error: {conflict}", file=sys.stderr)
+        return 1
     lay = recipe.layout
     print(
         f"ok: {recipe.name}: trainer tp{lay.tp} x pp{lay.pp} x dp{lay.dp}, {lay.engine_count} engines of tp"

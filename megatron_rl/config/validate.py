@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_rl.config.schema import RecipeConfig
+from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 
 MIN_DIST_TIMEOUT_S = 60.0
 ENUMS = {
@@ -221,6 +222,15 @@ def check_recipe(cfg: RecipeConfig) -> list[Problem]:
             "cluster.dist_timeout_s",
             f"must be at least {MIN_DIST_TIMEOUT_S:.0f} s (seconds a rank may wait in a collective for the "
             "slowest rank; 1800 is the default, raise it for very long completions)",
+        )
+    # `skip` samples with the previous version after a refusal; a level-2 sleep has discarded it by then
+    level = sleep_level_for(ro.sleep_level, delivery_for(on_gpu=cl.gpu != "cpu"))
+    if ro.on_refused_publication == "skip" and level == 2:
+        bad(
+            "rollout.on_refused_publication",
+            "skip samples with the previous version after a refusal, but at sleep level 2 (the GPU default "
+            "with in-place delivery) the engines discard its weights while training; set "
+            "rollout.sleep_level=1 (weights kept on the host) or use stop/retry",
         )
     if not out:
         out += _memory_problems(cfg)

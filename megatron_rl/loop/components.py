@@ -19,7 +19,7 @@ _ENGINE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def build_engine(cfg, run):
-    """This rank's part of a colocated vLLM engine. Returns (engine, engine_index, is_leader)."""
+    """This rank's part of a colocated vLLM engine (its place among the engines: `engine_role`)."""
     from megatron_rl.models.tiny import hf_config
     from megatron_rl.rollout.vllm_engine import VLLMEngine
 
@@ -44,8 +44,13 @@ def build_engine(cfg, run):
         dtype=_ENGINE_DTYPES[spec.params_dtype],
         max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
     )
-    rank = run.rank
-    return engine, rank // lay.engine_tp, rank % lay.engine_tp == 0
+    return engine
+
+
+def engine_role(cfg, run) -> tuple[int, bool]:
+    """(engine_index, is_leader): which engine this rank belongs to, and whether it is its first TP rank."""
+    tp = cfg.layout.engine_tp
+    return run.rank // tp, run.rank % tp == 0
 
 
 def build_task(cfg):

@@ -48,7 +48,7 @@ def header(recipe, run_dir: Path) -> str:
             f"x {ro.samples_per_prompt} samples",
             f"  layout   trainer TP{lay.tp} x PP{lay.pp} x DP{lay.dp} on {procs} processes; "
             f"engines {lay.engine_count} x TP{lay.engine_tp}, {lay.placement}",
-            f"  outputs  {run_dir}/ (log.txt: every rank's full output; steps.jsonl; timeline.png)",
+            f"  outputs  {run_dir}/ (log.txt: every rank's full output; steps.jsonl; spans.jsonl; timeline.png)",
             "  starting trainer, reference, engines and reward pool (details in log.txt) ...",
         ]
     )
@@ -65,6 +65,12 @@ class Run:
         self.recipe = recipe
         self.name = run_name(recipe)
         self.dir = Path(recipe.logger.run_dir) / self.name
+        # Before anything is built: a fresh start over an earlier run's checkpoints would mix the runs.
+        from megatron_rl.checkpoint.store import fresh_start_conflict
+
+        conflict = fresh_start_conflict(recipe.checkpoint.resume, Path(recipe.checkpoint.dir) / self.name)
+        if conflict:
+            raise SystemExit(f"error: {conflict}")
         # Before anything loads megatron-core or vLLM: their output goes to log.txt from the first line.
         self.console = console.start(self.dir / "log.txt", _rank_from_env())
         if self.console.rank == 0:
@@ -83,7 +89,7 @@ class Run:
         self.switch_times: dict[str, float] = {}
         # Telemetry reductions run on CPU tensors: the explicit gloo group (NCCL refuses host tensors).
         self.cpu_group = self.state.cpu_group
-        self.jsonl = self.wandb = self.progress = None
+        self.jsonl = self.spans = self.wandb = self.progress = None
         # The console's copy into log.txt adds the rank to every line.
         logging.basicConfig(
             level=logging.INFO if self.is_main else logging.WARNING,
@@ -93,6 +99,8 @@ class Run:
             self.dir.mkdir(parents=True, exist_ok=True)
             (self.dir / "recipe.json").write_text(json.dumps(asdict(recipe), indent=1, default=str))
             self.jsonl = JsonlWriter(self.dir / "steps.jsonl")
+            # Every rank's phase spans (for `report --trace`) apart: a line per step grows with the ranks.
+            self.spans = JsonlWriter(self.dir / "spans.jsonl")
             if recipe.logger.wandb:
                 group = recipe.logger.group or recipe.name
                 self.wandb = WandbSink(recipe.logger.project, group, self.name, self.dir, asdict(recipe))
@@ -129,10 +137,10 @@ class Run:
         record["switch_seconds"] = switch_seconds(self.switch_times)
         self.switch_memory, self.switch_times = {}, {}
         record["step_seconds"] = sum(p["seconds"] for p in phases.values())
-        record["spans_by_rank"] = spans
         if self.is_main:
             self.records.append(record)
             self.jsonl.write(record)
+            self.spans.write({"step": step, "spans_by_rank": spans})
             if self.wandb:
                 self.wandb.write(record)
             if self.progress:
@@ -158,6 +166,7 @@ class Run:
             if self.wandb:
                 self.wandb.close()
             self.jsonl.close()
+            self.spans.close()
 
 
 # Pairs of switch points (from, to) noted by the time-sharing; their gaps are the switch itself.

@@ -35,7 +35,10 @@ from megatron_rl.reshard.convert import as_bytes
 
 ALGORITHMS = ("xxh3", "sha256", "mix128")
 _DIGEST_SIZE = {"xxh3": 16, "sha256": 32, "mix128": 24}
-_CHUNK_BYTES = 1 << 20  # per step: bounds the int64 temporaries of mix128 to ~4 MiB each
+_CHUNK_BYTES = 1 << 20  # per step on the host: bounds the int64 temporaries of mix128 to ~8 MiB each
+# On CUDA, larger steps (fewer kernel launches; ~128 MiB per int64 temporary): nothing is read back
+# per chunk -- the lane sums and the finite flags stay on the device, one sync per tensor.
+_CHUNK_BYTES_CUDA = 16 << 20
 _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)  # splitmix64 multipliers, as signed int64
 _M2 = 0x94D049BB133111EB - (1 << 64)
 _LANE_KEYS = (0x2545F4914F6CDD1D, 0x1B873593CC9E2D51)
@@ -66,10 +69,14 @@ def _splitmix(x: torch.Tensor) -> torch.Tensor:
 
 
 class _Mix128:
-    """Streaming mix128: feed byte chunks in order (every chunk but the last of even length)."""
+    """Streaming mix128: feed byte chunks in order (every chunk but the last of even length).
+
+    The two lane sums accumulate in an int64 tensor on the chunks' device (wrapping mod 2^64, as
+    the per-chunk sums do): `digest()` is the only read back to the host."""
 
     def __init__(self) -> None:
-        self.lanes = [0, 0]
+        self.lanes: torch.Tensor | None = None
+        self.keys: torch.Tensor | None = None
         self.words = 0
         self.nbytes = 0
 
@@ -78,15 +85,25 @@ class _Mix128:
         if n % 2:
             raw_u8 = torch.cat([raw_u8, raw_u8.new_zeros(1)])
         w = raw_u8.view(torch.int16).to(torch.int64) & 0xFFFF
+        if self.lanes is None:
+            self.lanes = torch.zeros(2, dtype=torch.int64, device=w.device)
+            self.keys = torch.tensor(_LANE_KEYS, dtype=torch.int64, device=w.device)
         pos = torch.arange(self.words, self.words + w.numel(), device=w.device, dtype=torch.int64)
         keyed = (pos << 16) | w
-        for j, key in enumerate(_LANE_KEYS):
-            self.lanes[j] = (self.lanes[j] + int(_splitmix(keyed ^ key).sum())) & _U64
+        for j in range(len(_LANE_KEYS)):
+            self.lanes[j] += _splitmix(keyed ^ self.keys[j]).sum()
         self.words += w.numel()
         self.nbytes += n
 
-    def digest(self) -> bytes:
-        return struct.pack("<QQQ", self.lanes[0], self.lanes[1], self.nbytes)
+    def digest(self, flag: torch.Tensor | None = None) -> tuple[bytes, bool]:
+        """(digest, `flag` read back with the lanes in the same sync; True without one)."""
+        if self.lanes is None:
+            return struct.pack("<QQQ", 0, 0, self.nbytes), True if flag is None else bool(flag)
+        both = self.lanes if flag is None else torch.cat([self.lanes, flag.to(torch.int64).reshape(1)])
+        vals = both.tolist()  # the one sync
+        return struct.pack("<QQQ", vals[0] & _U64, vals[1] & _U64, self.nbytes), bool(
+            vals[2:] == [] or vals[2]
+        )
 
 
 def _hasher(algorithm: str):
@@ -105,30 +122,53 @@ def _hasher(algorithm: str):
     raise ValueError(f"unknown checksum algorithm {algorithm!r}; use one of {ALGORITHMS}")
 
 
-def _all_finite(chunk: torch.Tensor) -> bool:
-    """Exact, and fast when the answer is yes: a sum is finite unless a value is NaN/Inf or the sum
-    overflows, so only a non-finite sum (rare: fp16 sums can overflow) pays for the elementwise
-    check. A reduction runs ~20x faster than `isfinite(...).all()` here (one core, 1 MiB chunks)."""
+def _sum_finite(chunk: torch.Tensor) -> torch.Tensor:
+    """Whether the chunk's sum is finite (a 0-dim bool on the chunk's device, not read back).
+
+    Exact together with `_recheck`, and fast when the answer is yes: a sum is finite unless a value
+    is NaN/Inf or the sum overflows, so only a chunk with a non-finite sum (rare: fp16 sums can
+    overflow) pays for the elementwise check. A reduction runs ~20x faster than `isfinite(...).all()`
+    here (one core, 1 MiB chunks)."""
     total = chunk.sum(dtype=torch.float32) if chunk.dtype == torch.float16 else chunk.sum()  # fp16 max: 65504
-    return bool(torch.isfinite(total)) or bool(torch.isfinite(chunk).all())
+    return torch.isfinite(total)
+
+
+def _recheck(flat: torch.Tensor, step: int, sums_ok: torch.Tensor) -> bool:
+    """The elementwise check of the chunks whose sum was not finite (the rare path)."""
+    for i in (~sums_ok).nonzero().flatten().tolist():
+        if not bool(torch.isfinite(flat[i * step : (i + 1) * step]).all()):
+            return False
+    return True
 
 
 def digest_finite(t: torch.Tensor, algorithm: str = "xxh3", check: bool = True) -> tuple[bytes, bool]:
-    """(digest of the tensor's bytes, whether every value is finite), in one chunked pass."""
+    """(digest of the tensor's bytes, whether every value is finite), in one chunked pass.
+
+    With mix128 on the device, nothing is read back per chunk: one sync per tensor (plus one more
+    only when a chunk's sum is not finite)."""
     h = _hasher(algorithm)
     flat = t.contiguous().reshape(-1)
     floating = check and (flat.is_floating_point() or flat.is_complex())
-    step = max(2, _CHUNK_BYTES // max(flat.element_size(), 1))
-    finite = True
+    chunk_bytes = _CHUNK_BYTES_CUDA if flat.device.type == "cuda" else _CHUNK_BYTES
+    step = max(2, chunk_bytes // max(flat.element_size(), 1))
+    sums_ok: list[torch.Tensor] = []
     for start in range(0, flat.numel(), step):
         chunk = flat[start : start + step]
         if isinstance(h, _Mix128):
             h.update(as_bytes(chunk))
         else:
             h.update(as_bytes(chunk).cpu().numpy())
-        if floating and finite:
-            finite = _all_finite(chunk)
-    return h.digest(), finite
+        if floating:
+            sums_ok.append(_sum_finite(chunk))
+    ok = torch.stack(sums_ok) if sums_ok else None
+    flag = ok.all() if ok is not None else None
+    if isinstance(h, _Mix128):
+        out, finite = h.digest(flag)  # lanes and flag in one read back
+    else:
+        out, finite = h.digest(), flag is None or bool(flag)
+    if not finite:
+        finite = _recheck(flat, step, ok)
+    return out, finite
 
 
 def digest(t: torch.Tensor, algorithm: str = "xxh3") -> bytes:

@@ -17,6 +17,8 @@ The sink contract (`EngineSink`), for whoever connects an engine:
   engine's parameters); then drop the previous version and the staged copy.
 - `discard(version)`: drop a rejected staged version; the active one is untouched.
 - `active_version`: the version served, None before the first activation.
+- optional `holds_weights`: False when the engine no longer holds the active version's weights (a
+  level-2 sleep discarded them), so a refused publication leaves nothing to serve (`Publisher.serving`).
 - optional `take_retired() -> dict`: tensors of a version the engine no longer serves (replaced or
   rejected), handed back for the publisher to stage the next version into. On CPU this saves
   faulting in fresh pages for every publication (~1/3 of a local copy's time here); the CUDA
@@ -222,6 +224,17 @@ class Publisher:
             seconds=secs,
             bytes_staged=plan.target_bytes(rank),
         )
+
+    def serving(self) -> int | None:
+        """The version the engines can serve right now: `last_activated`, or None when there is none or
+        any engine rank's sink no longer holds its weights (`holds_weights`; a level-2 sleep discards
+        them). Collective when torch.distributed is up: every rank calls it and gets the same answer."""
+        holds = self.sink is None or getattr(self.sink, "holds_weights", True)
+        if dist.is_initialized():
+            flag = torch.tensor([1 if holds else 0], device=self._comm_device())
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            holds = bool(flag.item())
+        return self.last_activated if holds else None
 
     # ---- helpers ----
     def _buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:

@@ -31,6 +31,11 @@ class VLLMEngineSink:
     def active_version(self) -> int | None:
         return None if self.engine.version < 0 else self.engine.version
 
+    @property
+    def holds_weights(self) -> bool:
+        """Whether the active version could serve again now (False after a level-2 sleep discarded it)."""
+        return self.active_version is not None and self.engine.holds_weights
+
     def stage(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
         if version in self._staged:
             raise RuntimeError(f"version {version} is already staged")

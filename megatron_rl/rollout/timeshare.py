@@ -16,7 +16,8 @@ same order as every later one (not an awake engine holding its KV cache while th
 
 Building the engine: vLLM claims gpu_memory_utilization x the GPU at construction and refuses to
 start when less is free, so `trainer_aside(...)` offloads optimizer state, gradient buffers and the
-reference's weights around the construction (the planner checks that moment: plan/memory.py).
+reference's weights around the construction and until the new engine is asleep (`TimeShare.start`;
+the planner checks that moment: plan/memory.py).
 
 On GPU the trainer side uses megatron-core's own RL hooks (`MegatronOptimizer.offload_to_cpu` /
 `restore_from_cpu`, `DistributedDataParallel.offload_grad_buffers` / `restore_grad_buffers`). On CPU
@@ -110,6 +111,23 @@ class TimeShare:
         # A new engine is awake with its KV cache allocated: asleep, the first `to_rollout` wakes the
         # weights, publishes, then wakes the KV cache, like every later step.
         self.engine.sleep()
+
+    @classmethod
+    def start(
+        cls,
+        build: Callable[[], Engine],
+        optimizer=None,
+        ddp=None,
+        reference=None,
+        on_memory: MemoryHook | None = None,
+    ) -> TimeShare:
+        """Build the engine with the trainer aside, and put it to sleep before the trainer comes back.
+
+        A new engine is awake (weights and gpu_memory_utilization x the GPU claimed); restoring the
+        optimizer state, gradient buffers and reference weights beside it would not fit (70B: trainer
+        state + 0.6 x 80 GiB), so the trainer returns only once the engine sleeps."""
+        with trainer_aside(optimizer, ddp, reference):
+            return cls(build(), optimizer, ddp, on_memory)
 
     def _record(self, phase: str) -> None:
         if self.on_memory is not None:

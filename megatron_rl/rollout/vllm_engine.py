@@ -20,7 +20,9 @@ than one KV block keeps reusing KV computed with the old weights.
 Sleep: the GPU build frees memory (level 1 offloads weights to host, level 2 discards them; the KV
 cache is dropped at both; the level follows the publication's delivery, rollout/delivery.py);
 wake_up brings back "weights" then "kv_cache", so a publication can land between the two without
-the KV cache occupying memory. The CPU build has no sleep mode: `sleep()`
+the KV cache occupying memory. After a level-2 sleep the engine serves nothing until a publication
+lands (`holds_weights` is False; loop/publication.py), and that publication must write every
+parameter (`uncovered_params`). The CPU build has no sleep mode: `sleep()`
 logs that and returns False; nothing is freed there and nothing pretends to be.
 
 Process side effects (global RNG, thread count, NUMA, shm names): see rollout/process.py.
@@ -32,7 +34,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -338,6 +340,15 @@ class VLLMEngine:
             raise ValueError(f"version {version} is not newer than the active version {self.version}")
         params = dict(self.model.named_parameters())
         incoming = list(named_params)
+        if not self._weights_valid:  # discarded (level-2 sleep) or dummy: what is not written is garbage
+            missing = uncovered_params(params, (name for name, _ in incoming))
+            if missing:
+                raise RuntimeError(
+                    f"refusing to activate version {version}: the engine's weights were discarded (level-2 "
+                    f"sleep or dummy init) and the publication does not write {len(missing)} of its "
+                    f"parameters, which would serve reallocated garbage: {missing[:8]}; the reshard plan must "
+                    "cover every vLLM parameter (or sleep at rollout.sleep_level=1)"
+                )
         for name, t in incoming:  # check everything before writing anything
             if name not in params:
                 raise KeyError(f"the engine has no parameter {name!r} (in-place delivery uses vLLM names)")
@@ -392,9 +403,23 @@ class VLLMEngine:
         return True
 
     @property
+    def holds_weights(self) -> bool:
+        """Whether the engine holds the weights of its active version, ready to serve them again: False
+        before the first publication (dummy init) and after a level-2 sleep (discarded), until the next
+        publication activates. A level-1 sleep keeps them (on the host), so does the CPU build."""
+        return self._weights_valid
+
+    @property
     def model(self):
         """The live nn.Module (in-process engines only): for checks, not for writing weights on CPU."""
         return self._engine.model_executor.driver_worker.worker.model_runner.model
+
+
+def uncovered_params(params: Mapping[str, torch.Tensor], incoming: Iterable[str]) -> list[str]:
+    """The engine parameters (`model.named_parameters()`) that a publication of `incoming` names leaves
+    unwritten, sorted. In-place delivery copies only what arrives: after a level-2 sleep every one of
+    these holds whatever the reallocated memory held."""
+    return sorted(set(params) - set(incoming))
 
 
 def _to_sample(out, prompt_ids: list[int], prompt_index: int, sample_index: int, version: int) -> Sample:

@@ -3,8 +3,11 @@
 Third-party libraries (megatron-core, vLLM, torch, W&B) write warnings, config dumps and per-rank
 chatter straight to file descriptors 1 and 2, from Python and from C, so the descriptors themselves are
 redirected (not just `sys.stdout`); child processes such as the reward sandbox inherit the redirection.
-A thread copies the pipe into `log.txt` line by line with a `[rankN]` prefix (all ranks append to the
-one file). The terminal keeps what a user acts on: rank 0's header, progress bar and closing summary,
+A small child process (the "tee") copies the pipe into `log.txt` line by line with a `[rankN]` prefix
+(all ranks append to the one file, O_APPEND). It is a process, not a thread, so that a rank's sudden
+death (abort(), SIGSEGV, the OOM killer) does not take the last lines with it: an NCCL watchdog timeout,
+a CUDA error or a faulthandler dump still in the pipe is drained into log.txt once the rank is gone (the
+tee ignores SIGINT/SIGTERM and ends at end of file). The launcher then shows the failed rank's last lines. The terminal keeps what a user acts on: rank 0's header, progress bar and closing summary,
 rank 0's warnings from our own `megatron_rl` loggers, and every rank's errors (uncaught exceptions,
 `SystemExit` messages, errors logged by our code). `--verbose` or MEGATRON_RL_VERBOSE=1 copies every
 line to the terminal as well.
@@ -16,8 +19,8 @@ import atexit
 import contextlib
 import logging
 import os
+import subprocess
 import sys
-import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +28,43 @@ from typing import TextIO
 
 VERBOSE_ENV = "MEGATRON_RL_VERBOSE"
 _active: Console | None = None
+
+# The tee: pipe (stdin) -> log.txt (stdout, opened O_APPEND) with the prefix, and the terminal (stderr)
+# when verbose. It outlives the rank: it ends at end of file, or a few seconds of quiet after its parent
+# died while something else (an orphaned grandchild) still holds the pipe open.
+_TEE = r"""
+import os, select, signal, sys
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+    signal.signal(s, signal.SIG_IGN)
+prefix, verbose, parent = sys.argv[1].encode(), sys.argv[2] == "1", os.getppid()
+def emit(lines):
+    # A progress bar redraws with a carriage return: keep only its last state.
+    text = b"".join(prefix + line.rsplit(b"\r", 1)[-1] + b"\n" for line in lines)
+    os.write(1, text)
+    if verbose:
+        try:
+            os.write(2, text)
+        except OSError:
+            pass
+pending, quiet = b"", 0.0
+while True:
+    ready, _, _ = select.select([0], [], [], 1.0)
+    if not ready:
+        quiet = quiet + 1.0 if os.getppid() != parent else 0.0
+        if quiet >= 5.0:
+            break
+        continue
+    chunk = os.read(0, 65536)
+    if not chunk:
+        break
+    quiet = 0.0
+    pending += chunk
+    *lines, pending = pending.split(b"\n")
+    if lines:
+        emit(lines)
+if pending:
+    emit([pending])
+"""
 
 
 def verbose_requested() -> bool:
@@ -44,35 +84,19 @@ class Console:
         self._saved = (os.dup(1), os.dup(2))
         self.terminal: TextIO = os.fdopen(os.dup(self._saved[1]), "w", buffering=1, closefd=True)
         read_fd, self._write_fd = os.pipe()
+        self._tee = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _TEE, self.prefix.decode(), "1" if verbose else "0"],
+            stdin=read_fd,
+            stdout=self._log_fd,
+            stderr=self._saved[1],
+            close_fds=True,
+        )
+        os.close(read_fd)
         os.dup2(self._write_fd, 1)
         os.dup2(self._write_fd, 2)
-        self._thread = threading.Thread(target=self._copy, args=(read_fd,), name="console-log", daemon=True)
-        self._thread.start()
         self._handler = _TerminalHandler(self)
         logging.getLogger("megatron_rl").addHandler(self._handler)
         self._closed = False
-
-    # ---- the copying thread ---------------------------------------------------------------------
-    def _copy(self, read_fd: int) -> None:
-        pending = b""
-        while True:
-            chunk = os.read(read_fd, 65536)
-            if not chunk:
-                break
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            self._emit(lines)
-        if pending:
-            self._emit([pending])
-        os.close(read_fd)
-
-    def _emit(self, lines: list[bytes]) -> None:
-        # A progress bar redraws with \r: keep only its last state.
-        text = b"".join(self.prefix + line.rsplit(b"\r", 1)[-1] + b"\n" for line in lines)
-        os.write(self._log_fd, text)
-        if self.verbose:
-            self.terminal.buffer.write(text)
-            self.terminal.flush()
 
     # ---- what rank code calls -------------------------------------------------------------------
     def to_terminal(self, text: str) -> None:
@@ -119,8 +143,10 @@ class Console:
         os.dup2(self._saved[0], 1)
         os.dup2(self._saved[1], 2)
         os.close(self._write_fd)
-        # Children (sandbox workers) may still hold the pipe open; do not wait on them for long.
-        self._thread.join(timeout=2.0)
+        # Children (sandbox workers) may still hold the pipe open; do not wait on them for long (the tee
+        # then finishes on its own when they go).
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._tee.wait(timeout=2.0)
         os.close(self._log_fd)
         self.terminal.flush()
 
@@ -174,11 +200,23 @@ def stop() -> None:
         _active = None
 
 
+def user_facing(e: BaseException) -> bool:
+    """An error the user acts on (a full disk, a missing file, a bad config or input, no sandbox), as
+    opposed to a bug: its message says what to do, and a traceback only hides it."""
+    if isinstance(e, OSError | ValueError):  # NoSpaceError, RecipeNotFound, ConfigError, bad data, ...
+        return True
+    sandbox = sys.modules.get("megatron_rl.reward.sandbox")  # not imported here: it may never load
+    return sandbox is not None and isinstance(e, sandbox.SandboxUnavailable)
+
+
 def run_guarded(main: Callable[[], int]) -> int:
     """Run a rank's main so that its errors reach the terminal even while output goes to log.txt.
 
-    An uncaught exception is printed (terminal and log) and turns into exit code 1; a SystemExit with a
-    message is re-raised after the terminal is given back, so Python prints the message there.
+    An uncaught exception turns into exit code 1, with its full traceback in log.txt (ending in an
+    `error:` line, which the launcher shows for the rank that failed first). On the terminal: a
+    user-facing error (see `user_facing`) is one `error: ...` line from rank 0 only (every rank usually
+    hits the same one); any other exception is rank 0's traceback and one line from each other rank. A
+    SystemExit with a message is re-raised after the terminal is given back, so Python prints it there.
     """
     try:
         return main()
@@ -186,10 +224,24 @@ def run_guarded(main: Callable[[], int]) -> int:
         if _active is not None and not isinstance(e.code, int | None):
             _active._log_only(f"exit: {e.code}")
         raise
-    except Exception:
+    except Exception as e:
         if _active is None:
             raise
-        _active.error(traceback.format_exc())
+        line = str(e).strip() or type(e).__name__
+        if isinstance(e, OSError) and e.strerror:  # without the "[Errno 28] " in front
+            line = f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+        if not user_facing(e):
+            line = f"{type(e).__name__}: {line}"
+        _active._log_only(traceback.format_exc().rstrip("\n") + f"\nerror: {line}")
+        if user_facing(e):
+            if _active.rank == 0:
+                _active.to_terminal(f"error: {line}\n")
+        elif _active.rank == 0:
+            _active.to_terminal(
+                "".join(f"[rank0] {x}\n" for x in traceback.format_exc().rstrip("\n").splitlines())
+            )
+        else:
+            _active.to_terminal(f"[rank{_active.rank}] {line} (traceback in log.txt)\n")
         return 1
     finally:
         stop()

@@ -17,6 +17,7 @@ against `cluster.peak_tflops_bf16` per device from the recipe.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
 from pathlib import Path
@@ -25,6 +26,7 @@ from megatron_rl.telemetry.phases import PHASES
 
 STEP_PHASES = tuple(p for p in PHASES if p != "init")
 WINDOW = 10
+log = logging.getLogger(__name__)
 
 
 class ReportError(Exception):
@@ -39,12 +41,19 @@ def load_records(run: str | Path) -> list[dict]:
     if not path.is_file():
         raise ReportError(f"{run}: no steps.jsonl here; pass a run directory such as outputs/<run>/")
     records = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    lines = path.read_text().splitlines()
+    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
+            if lineno == last:  # what a run killed mid-write leaves; a bad line before it is an error
+                log.warning(
+                    "%s:%d: skipping a truncated last line (the run was stopped mid-write)", path, lineno
+                )
+                continue
             raise ReportError(f"{path}:{lineno}: not JSON ({e.msg})") from None
         if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or "phases" not in rec:
             raise ReportError(f'{path}:{lineno}: a step record needs an integer "step" and "phases"')

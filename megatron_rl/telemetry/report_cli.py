@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 
@@ -36,21 +37,27 @@ def _clean(x):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    # Our warnings (a truncated last line skipped) as one line each on stderr.
+    logging.basicConfig(level=logging.WARNING, format="megatron-rl report: warning: %(message)s")
     try:
         records = load_records(args.run)
         other = load_records(args.compare) if args.compare else None
         summary = summarize(records)
         if args.trace:
-            from megatron_rl.telemetry.trace import write_trace
+            from megatron_rl.telemetry.trace import load_spans, write_trace
 
-            write_trace(records, args.trace)
+            write_trace(records, args.trace, load_spans(args.run))
+        if args.plot:
+            from megatron_rl.telemetry.plots import plot_report
+
+            plot_report(records, args.plot)
     except (ReportError, ValueError) as e:
         print(f"megatron-rl report: {e}", file=sys.stderr)
         return 2
-    if args.plot:
-        from megatron_rl.telemetry.plots import plot_report
-
-        plot_report(records, args.plot)
+    except OSError as e:  # --trace/--plot to a folder that cannot be written, a full disk, an unreadable run
+        what = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)
+        print(f"megatron-rl report: {what}", file=sys.stderr)
+        return 2
     if args.json:
         out = {"run": str(args.run), **summary}
         if other is not None:

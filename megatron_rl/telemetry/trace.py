@@ -2,28 +2,65 @@
 chrome://tracing: one track per rank, one complete event ("ph": "X") per phase call, labelled with its
 step, so a slow rank or a rank waiting in a collective shows at a glance.
 
-Spans come from the step records' `spans_by_rank` ([phase, start, end] in wall-clock seconds since the
-epoch, per rank); times in the trace are microseconds from the run's first span.
+Spans come from the run's `spans.jsonl` (one line per step: {"step", "spans_by_rank"}, [phase, start,
+end] in wall-clock seconds since the epoch, per rank), kept apart from `steps.jsonl` because a line grows
+with the number of ranks; step records that hold `spans_by_rank` themselves (runs written before the
+split) are read as well. Times in the trace are microseconds from the run's first span.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 
-def trace_events(records: list[dict]) -> dict:
-    """The trace as a dict; raises ValueError when the records hold no per-rank spans."""
+
+def load_spans(run: str | Path) -> dict[int, list]:
+    """Per step, every rank's spans from the run's spans.jsonl ({} when there is none).
+
+    A truncated last line (a killed run) is skipped; the last line of a step wins (a resumed run)."""
+    path = Path(run)
+    path = (path if path.is_dir() else path.parent) / "spans.jsonl"
+    if not path.is_file():
+        return {}
+    lines = path.read_text().splitlines()
+    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
+    out: dict[int, list] = {}
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if lineno == last:
+                log.warning(
+                    "%s:%d: skipping a truncated last line (the run was stopped mid-write)", path, lineno
+                )
+                continue
+            raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            out[rec["step"]] = rec.get("spans_by_rank") or []
+    return out
+
+
+def trace_events(records: list[dict], spans_by_step: dict[int, list] | None = None) -> dict:
+    """The trace as a dict; raises ValueError when there are no per-rank spans.
+
+    `spans_by_step` is what `load_spans` read; a step missing there falls back to its record's own
+    `spans_by_rank`."""
+    spans_by_step = spans_by_step or {}
     spans = [
         (r["step"], rank, s)
         for r in records
-        for rank, ss in enumerate(r.get("spans_by_rank") or [])
+        for rank, ss in enumerate(spans_by_step.get(r["step"]) or r.get("spans_by_rank") or [])
         for s in ss
     ]
     if not spans:
         raise ValueError(
-            "these step records hold no per-rank phase spans (spans_by_rank); runs recorded before "
-            "spans were added cannot be traced: run again to get a trace"
+            "no per-rank phase spans for these steps (spans.jsonl next to steps.jsonl, or spans_by_rank "
+            "in the records); runs recorded before spans were added cannot be traced: run again to get a trace"
         )
     t0 = min(s[1] for _, _, s in spans)
     ranks = sorted({rank for _, rank, _ in spans})
@@ -50,8 +87,9 @@ def trace_events(records: list[dict]) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def write_trace(records: list[dict], path: str | Path) -> Path:
+def write_trace(records: list[dict], path: str | Path, spans_by_step: dict[int, list] | None = None) -> Path:
     path = Path(path)
+    events = trace_events(records, spans_by_step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(trace_events(records)))
+    path.write_text(json.dumps(events))
     return path

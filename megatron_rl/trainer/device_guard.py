@@ -15,7 +15,10 @@ step 1 on a GPU. With MEGATRON_RL_DEVICE_GUARD=1, `init_parallel` installs two t
    `.to(<torch.device>)` gives an unmarked (device) tensor.
    Scope: only TRAINER_CODE is trapped. megatron-core, torch and vLLM create host tensors on purpose
    (Adam's `step`, CPU initialisation); the reward, telemetry, planner, data and HF-staging code is
-   host-side by design.
+   host-side by design. But host tensors are *marked* in all of megatron_rl (checkpoint save,
+   reshard, telemetry included): there a factory without a device makes a host tensor on a GPU too,
+   so it is marked host (not moved to meta), as are `.cpu()` / `.to("cpu")` copies made anywhere.
+   The mark follows computation: an op whose tensor inputs are all marked host gives a host tensor.
 
 2. The collective guard: `torch.distributed` collectives check their tensors against the kind of
    group they run on, as its backend would on GPU. Groups created with `backend="gloo"` are CPU
@@ -83,12 +86,27 @@ class DeviceDisciplineError(RuntimeError):
 _PASS_THROUGH = (*EXEMPT, "torch.overrides", "torch.utils._device")
 
 
-def _caller_is_trainer_code(depth: int = 2) -> bool:
+def _caller_module(depth: int = 2) -> str:
     frame = sys._getframe(depth)
     while frame is not None and frame.f_globals.get("__name__", "").startswith(_PASS_THROUGH):
         frame = frame.f_back
-    module = frame.f_globals.get("__name__", "") if frame is not None else ""
-    return module.startswith(TRAINER_CODE)
+    return frame.f_globals.get("__name__", "") if frame is not None else ""
+
+
+def _caller_is_trainer_code(depth: int = 2) -> bool:
+    return _caller_module(depth + 1).startswith(TRAINER_CODE)
+
+
+def _all_host(args, kwargs) -> bool:
+    """Whether the call's tensor arguments (top level and in lists) exist and are all marked host."""
+    seen = False
+    for a in (*args, *kwargs.values()):
+        for t in a if isinstance(a, list | tuple) else (a,):
+            if isinstance(t, torch.Tensor):
+                if not getattr(t, _HOST, False):
+                    return False
+                seen = True
+    return seen
 
 
 def _to_target(args, kwargs):
@@ -117,20 +135,43 @@ class DeviceTrap(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _FACTORIES and _caller_is_trainer_code():
+        if func in _FACTORIES or func is torch.Tensor.cpu or func is torch.Tensor.to:
+            module = _caller_module()
+            if module.startswith(TRAINER_CODE):
+                return self._trainer_call(func, args, kwargs)
+            out = func(*args, **kwargs)
+            if func is torch.Tensor.cpu:
+                return _mark(out, host=True, source=args[0])
+            if func is torch.Tensor.to:
+                target = _to_target(args, kwargs)
+                if target is None:
+                    return _mark(out, host=True, source=args[0]) if getattr(args[0], _HOST, False) else out
+                return _mark(out, host=isinstance(target, str) and target == "cpu", source=args[0])
+            if module.startswith("megatron_rl") and not (args and isinstance(args[0], torch.Tensor)):
+                # megatron_rl's host-side code: without a device (or with "cpu") a host tensor on GPU too
+                device = kwargs.get("device")
+                if device is None or (isinstance(device, str) and device == "cpu"):
+                    return _mark(out, host=True)
+            return out
+        out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and not getattr(out, _HOST, False) and _all_host(args, kwargs):
+            out = _mark(out, host=True)  # computed from host tensors only: a host tensor on GPU too
+        return out
+
+    @staticmethod
+    def _trainer_call(func, args, kwargs):
+        if func in _FACTORIES:
             device = kwargs.get("device")
             if device is None:
                 return func(*args, **{**kwargs, "device": "meta"})
             return _mark(func(*args, **kwargs), host=isinstance(device, str) and device == "cpu")
-        if func is torch.Tensor.cpu and _caller_is_trainer_code():
+        if func is torch.Tensor.cpu:
             return _mark(func(*args, **kwargs), host=True, source=args[0])
-        if func is torch.Tensor.to and _caller_is_trainer_code():
-            target = _to_target(args, kwargs)
-            out = func(*args, **kwargs)
-            if target is None:
-                return out
-            return _mark(out, host=isinstance(target, str) and target == "cpu", source=args[0])
-        return func(*args, **kwargs)
+        target = _to_target(args, kwargs)
+        out = func(*args, **kwargs)
+        if target is None:  # a dtype conversion stays where it is
+            return _mark(out, host=True, source=args[0]) if getattr(args[0], _HOST, False) else out
+        return _mark(out, host=isinstance(target, str) and target == "cpu", source=args[0])
 
 
 # ---- the collective guard --------------------------------------------------------------------

@@ -98,6 +98,20 @@ def test_resume_loads_exactly_the_newest_verified_checkpoint_and_prune_keeps_it(
     assert [s for s, _ in list_checkpoints(root)] == [1, 2, 3]  # the only intact one stays
 
 
+def test_a_crash_between_the_renames_of_a_resave_resumes_the_new_save(saved, tmp_path):
+    """Killed after step_3 -> step_3.replaced, before step_3.partial -> step_3: both copies are sealed
+    (the old one here is step 2's save); resume restores the new one and loads it, nothing is lost."""
+    root = _copy(saved, tmp_path)
+    s3 = step_dir(root, 3)
+    s3.rename(s3.with_name(s3.name + ".partial"))
+    shutil.copytree(step_dir(root, 2), s3.with_name(s3.name + ".replaced"))
+    assert [s for s, _ in list_checkpoints(root)] == [1, 2]
+    loaded = _result(torchrun(WORKER, 2, ["load", str(root)]))
+    assert loaded["path"] == str(s3) and loaded["step"] == 3 and loaded["digests"] == saved[1][3]
+    prune(root, keep_last=2)
+    assert [p.name for p in sorted(root.iterdir())] == ["step_000002", "step_000003"]
+
+
 def test_an_update_after_resume_equals_the_uninterrupted_update(saved):
     """Model, Adam moments and Adam's step all come back: the next update is bit-identical.
 
@@ -125,17 +139,19 @@ def disk(tmp_path):
 
 
 # The tiny checkpoint is 19.77 MB on disk; the pre-save estimate 19.44 MB. 4 MiB fails the check before
-# a byte is written; 19.6 MB passes it, and the writes themselves run out of space.
+# a byte is written; 19.6 MB passes it, and the writes themselves run out of space. 12 MiB holds each
+# rank's half but not the total: only rank 0 compares the total, and every rank must still raise.
 @pytest.mark.parametrize(
     "size,mode",
-    [("4m", "async"), ("19600000", "sync"), ("19600000", "async")],
-    ids=["before", "sync", "async"],
+    [("4m", "async"), ("12m", "sync"), ("19600000", "sync"), ("19600000", "async")],
+    ids=["before", "total", "sync", "async"],
 )
 def test_a_full_disk_says_no_space_left_naming_the_directory_and_bytes(disk, size, mode):
     mnt = disk(size)
-    out = _result(torchrun(WORKER, 2, ["nospace", str(mnt / "run"), mode]))
+    out = _result(torchrun(WORKER, 2, ["nospace", str(mnt / "run"), mode], timeout=300))
     assert out["error"].startswith(f"no space left on device for the checkpoint in {mnt / 'run'}")
     assert "19435520 bytes" in out["error"] and "checkpoint.dir" in out["error"]
-    if size != "4m":
+    assert out["errors"] == [out["error"]] * 2  # the same verdict on every rank, none left waiting
+    if size not in ("4m", "12m"):
         assert out["cause"] is not None  # raised by the write itself, translated
     assert list_checkpoints(mnt / "run") == []  # nothing that looks loadable

@@ -95,6 +95,9 @@ def main() -> None:
         except NoSpaceError as e:
             result["error"] = str(e)
             result["cause"] = repr(e.__cause__)[:300] if e.__cause__ else None
+        every: list = [None] * dist.get_world_size()  # every rank must reach the same verdict
+        dist.all_gather_object(every, result["error"], group=state.cpu_group)
+        result["errors"] = every
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(result), flush=True)
     dist.barrier()

@@ -135,3 +135,20 @@ def test_a_python_without_venv_is_named_before_building(clone):
     lines = _ours(out)
     assert len(lines) == 1 and "cannot build .venv" in lines[0], out
     assert not (clone / ".venv").exists()
+
+
+def test_a_bwrap_that_cannot_unshare_is_named_with_the_fix(clone):
+    """bwrap installed but user namespaces blocked (Ubuntu 24.04 AppArmor): one line naming the sysctl."""
+    if any(shutil.which(c) is None for c in SYSTEM):
+        pytest.skip("the system packages are not installed here (make system)")
+    folder = Path(_bin(clone.parent / "bin", tuple(c for c in SYSTEM if c != "bwrap")))
+    fake = folder / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    rc, out, seconds = _make(clone, "demo", str(folder), MEGATRON_RL_NO_INSTALL="1")
+    assert rc != 0 and seconds < 10, out
+    lines = _ours(out)
+    assert len(lines) == 1, out
+    assert "uid map: Permission denied" in lines[0] and "kernel.unprivileged_userns_clone" in lines[0], out
+    assert "apparmor_restrict_unprivileged_userns" in lines[0], out
+    assert not (clone / ".venv").exists()

@@ -234,3 +234,116 @@ def test_ckpt_verify_exit_codes(tmp_path, capsys):
         cwd=REPO,
     )
     assert cli.returncode == 1 and "checksum mismatch" in cli.stdout and "Traceback" not in cli.stderr
+
+
+# ---- a reused run name with checkpoint.resume=none ------------------------------------------------
+
+
+@pytest.fixture
+def earlier_run(tmp_path, monkeypatch):
+    """checkpoint.dir/<run name> holding an earlier run's step_* directories."""
+    monkeypatch.setenv("MEGATRON_RL_RUN_NAME", "reused")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    root = tmp_path / "ckpt" / "reused"
+    (root / "step_000005").mkdir(parents=True)
+    (root / "step_000006.partial").mkdir()
+    args = [
+        "grpo_tiny_cpu",
+        f"checkpoint.dir={tmp_path / 'ckpt'}",
+        "checkpoint.resume=none",
+        f"logger.run_dir={tmp_path / 'out'}",
+    ]
+    return root, args
+
+
+def test_a_fresh_start_over_an_earlier_runs_checkpoints_is_refused(earlier_run, tmp_path):
+    from megatron_rl.checkpoint.store import fresh_start_conflict
+
+    root, _ = earlier_run
+    msg = fresh_start_conflict("none", root)
+    assert str(root) in msg and "another run name" in msg and "move or delete" in msg and "\n" not in msg
+    assert fresh_start_conflict("auto", root) is None
+    assert fresh_start_conflict("none", tmp_path / "nothing") is None
+    (tmp_path / "empty").mkdir()
+    assert fresh_start_conflict("none", tmp_path / "empty") is None
+
+
+def test_train_refuses_it_at_start_up_before_anything_is_built(earlier_run, tmp_path, monkeypatch):
+    import megatron_rl.loop.run as run_mod
+    from megatron_rl import train
+
+    root, args = earlier_run
+
+    def built(*a, **k):
+        raise AssertionError("init_parallel ran before the refusal")
+
+    monkeypatch.setattr(run_mod, "init_parallel", built)
+    with pytest.raises(SystemExit, match="already holds checkpoints") as e:
+        train.main(args)
+    assert str(root) in str(e.value)
+    assert not (tmp_path / "out").exists()  # nothing written for the new run
+    assert sorted(p.name for p in root.iterdir()) == ["step_000005", "step_000006.partial"]
+
+
+def test_validate_says_it_too(earlier_run, capsys):
+    from megatron_rl.config.cli import validate
+
+    root, args = earlier_run
+    assert validate(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: checkpoint.resume=none") and str(root) in err
+    assert validate([a for a in args if a != "checkpoint.resume=none"]) == 0  # auto resumes it: fine
+
+
+# ---- a crash between the two renames of a re-save --------------------------------------------------
+
+
+def _crash_between_renames(root, damage_new=False):
+    """Step 2 saved, then re-saved and killed after step_2 -> .replaced, before .partial -> step_2."""
+    _save(root, 1)
+    old = _save(root, 2, seed=1)
+    new = _save(root, 2, seed=2, sealed=False)
+    write_manifest(new, 2)
+    (new / MARKER).write_text("{}")
+    if damage_new:
+        _flip(new / "dist" / "__0_0.distcp")
+    old.rename(old.with_name(old.name + ".replaced"))
+    return new, old
+
+
+def _digest(d):
+    return (d / "dist" / "__0_0.distcp").read_bytes()
+
+
+@pytest.mark.parametrize("by", ["prune", "find"])
+def test_a_crash_between_renames_brings_the_new_save_back_not_deletes_both(tmp_path, by):
+    from megatron_rl.checkpoint.resume import find
+
+    root = tmp_path / "run"
+    new, _ = _crash_between_renames(root)
+    want = _digest(new)
+    assert [s for s, _ in list_checkpoints(root)] == [1]
+    if by == "prune":
+        prune(root, keep_last=2)
+    else:
+        assert find("auto", root) == step_dir(root, 2)
+    assert verify(step_dir(root, 2)) == [] and _digest(step_dir(root, 2)) == want
+    prune(root, keep_last=2)
+    assert sorted(p.name for p in root.iterdir()) == ["step_000001", "step_000002"]
+
+
+def test_a_damaged_new_save_gives_back_the_replaced_one(tmp_path):
+    root = tmp_path / "run"
+    _, old = _crash_between_renames(root, damage_new=True)
+    want = _digest(old.with_name(old.name + ".replaced"))
+    prune(root, keep_last=1)
+    assert sorted(p.name for p in root.iterdir()) == ["step_000002"]
+    assert verify(step_dir(root, 2)) == [] and _digest(step_dir(root, 2)) == want
+
+
+def test_an_unsealed_partial_is_still_just_removed(tmp_path):
+    root = tmp_path / "run"
+    _save(root, 1)
+    _save(root, 2, sealed=False)
+    prune(root, keep_last=2)
+    assert sorted(p.name for p in root.iterdir()) == ["step_000001"]

@@ -98,3 +98,74 @@ def test_recipe_values_are_checked():
     assert load_recipe("grpo_tiny_cpu").rollout.on_refused_publication == "stop"
     with pytest.raises(ValueError, match="use one of stop, skip, retry"):
         RefusalPolicy(None, "ignore")
+
+
+# ---- a level-2 sleep discards the active version: nothing is left to sample with ----
+
+
+class DiscardingSink(InMemorySink):
+    """The sink interface of an engine that sleeps at level 2 (the CPU build cannot): `sleep()` discards
+    the active version's weights, the next activation brings weights back (VLLMEngineSink.holds_weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.holds_weights = False
+
+    def activate(self, version):
+        super().activate(version)
+        self.holds_weights = True
+
+    def sleep(self):
+        self.holds_weights = False
+
+
+@pytest.mark.parametrize("name", ["stop", "skip"])
+def test_after_a_level_2_sleep_a_refusal_retries_instead_of_sampling_discarded_weights(name):
+    params, sink, guard = _policy(name, sink=DiscardingSink())
+    assert guard.publish(params.items, 0).activated
+    sink.sleep()
+    params[FC2][0, 0] = float("nan")
+    with pytest.raises(PublicationRefused) as ended:
+        guard.publish(params.items, 1)
+    head = str(ended.value.code).splitlines()[0]
+    assert "refused 3 times in a row" in head and "version 1 cannot serve" in head
+    assert "rollout.sleep_level=1" in head
+    assert sink.active_version == 1 and not sink.holds_weights
+
+
+def test_after_a_level_2_sleep_a_transient_fault_is_retried_within_the_step():
+    sink = CorruptingSink()
+    sink.holds_weights = True
+    params, sink, guard = _policy("stop", sink=sink)
+    guard.publish(params.items, 0)
+    sink.holds_weights = False  # asleep at level 2
+    hits = []
+
+    def once(staged):
+        if not hits:
+            staged["model.norm.weight"].view(-1)[0] += 1.0
+        hits.append(1)
+
+    sink.damage = once
+    r = guard.publish(params.items, 1)
+    assert r.activated and r.attempts == 2 and r.action == "" and sink.active_version == 3
+
+
+def test_a_sink_that_keeps_its_weights_still_samples_with_the_active_version():
+    params, sink, guard = _policy("stop", sink=DiscardingSink())
+    guard.publish(params.items, 0)  # level 1: no sleep() discards anything
+    params[FC2][0, 0] = float("nan")
+    assert guard.publish(params.items, 1).action == "sampled with the active version 1"
+
+
+def test_validate_refuses_skip_at_sleep_level_2():
+    def problems(*overrides):
+        cfg = load_recipe("grpo_llama3.1-70b_8n8g", ["rollout.on_refused_publication=skip", *overrides])
+        return {p.key: p.message for p in check_recipe(cfg)}
+
+    msg = problems()["rollout.on_refused_publication"]  # GPU cluster, level 0 -> 2 (in-place delivery)
+    assert "rollout.sleep_level=1" in msg
+    assert "rollout.on_refused_publication" in problems("rollout.sleep_level=2")
+    assert "rollout.on_refused_publication" not in problems("rollout.sleep_level=1")
+    cpu = check_recipe(load_recipe("grpo_tiny_cpu", ["rollout.on_refused_publication=skip"]))
+    assert not [p for p in cpu if p.key == "rollout.on_refused_publication"]  # loader delivery: level 1

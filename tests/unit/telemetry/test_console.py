@@ -89,3 +89,53 @@ def test_verbose_copies_everything_to_the_terminal(tmp_path):
     for text in ("config dump from a library", "raw C-level stderr line", "Apex is not installed"):
         assert text in terminal, terminal
     assert terminal.count("our own warning") == 1, "verbose must not print our warnings twice"
+
+
+def test_a_rank_killed_by_abort_keeps_its_last_stderr_line_in_the_log(tmp_path):
+    """abort() skips every handler and atexit: the last lines must not die with the process."""
+    body = """
+    print("library noise", flush=True)
+    os.write(2, b"NCCL watchdog: collective operation timed out after 600000 ms\\n")
+    os.abort()
+    """
+    done = _run(tmp_path, body, rank=2)
+    assert done.returncode == -6, (done.returncode, done.stderr)
+    log = (tmp_path / "log.txt").read_text().splitlines()
+    assert log[-1] == "[rank2] NCCL watchdog: collective operation timed out after 600000 ms", log
+
+
+def test_a_user_facing_error_is_one_line_from_rank_0_and_the_traceback_stays_in_the_log(tmp_path):
+    body = """
+    from megatron_rl.checkpoint.integrity import NoSpaceError
+    raise NoSpaceError(Path("/ckpt"), needed=3 << 30, free=1 << 30)
+    """
+    for rank in (0, 1):
+        done = _run(tmp_path, body, rank=rank)
+        assert done.returncode == 1
+        terminal = (done.stdout + done.stderr).strip().splitlines()
+        if rank == 0:
+            assert len(terminal) == 1 and terminal[0].startswith("error: no space left on device"), terminal
+        else:
+            assert terminal == [], terminal
+    log = (tmp_path / "log.txt").read_text()
+    assert "Traceback (most recent call last)" in log and "NoSpaceError" in log
+    assert log.splitlines()[-1].startswith(
+        "[rank1] error: no space left on device for the checkpoint in /ckpt"
+    )
+
+
+def test_a_config_error_is_one_line(tmp_path):
+    body = 'from megatron_rl.config.validate import ConfigError\nraise ConfigError(["layout.tp=3 ..."])'
+    done = _run(tmp_path, body)
+    assert done.returncode == 1
+    terminal = done.stdout + done.stderr
+    assert terminal.startswith("error: invalid recipe:") and "layout.tp=3 ..." in terminal, terminal
+    assert "Traceback" not in terminal
+
+
+def test_a_bug_is_a_traceback_on_rank_0_only(tmp_path):
+    body = 'raise KeyError("w")'
+    done = _run(tmp_path, body, rank=0)
+    assert "[rank0] Traceback (most recent call last)" in done.stderr and "KeyError" in done.stderr
+    done = _run(tmp_path, body, rank=5)
+    assert done.stderr.strip().splitlines() == ["[rank5] KeyError: 'w' (traceback in log.txt)"], done.stderr

@@ -9,7 +9,7 @@ from megatron_rl.loop.summary import generation_tail_seconds
 from megatron_rl.telemetry.phases import PHASES
 from megatron_rl.telemetry.report import ReportError, load_records, phase_table, summarize
 from megatron_rl.telemetry.report_cli import main
-from megatron_rl.telemetry.trace import trace_events
+from megatron_rl.telemetry.trace import load_spans, trace_events
 
 
 def _rec(step: int, gen: float, train: float, init: float = 0.0, reward: float = 0.5) -> dict:
@@ -142,7 +142,7 @@ def test_a_resumed_run_keeps_the_last_record_of_each_step(tmp_path):
 def test_bad_inputs_say_what_is_wrong(tmp_path, capsys):
     with pytest.raises(ReportError, match="no steps.jsonl"):
         load_records(tmp_path)
-    (tmp_path / "steps.jsonl").write_text('{"step": 1, "phases": {}}\nnot json\n')
+    (tmp_path / "steps.jsonl").write_text('{"step": 1, "phases": {}}\nnot json\n{"step": 2, "phases": {}}\n')
     with pytest.raises(ReportError, match=r"steps.jsonl:2: not JSON"):
         load_records(tmp_path)
     assert main([str(tmp_path / "missing")]) == 2
@@ -165,6 +165,42 @@ def test_cli_text_json_compare_trace_and_plot(tmp_path, capsys):
     trace, png = tmp_path / "t.json", tmp_path / "r.png"
     assert main([str(a), "--trace", str(trace), "--plot", str(png)]) == 0
     assert json.loads(trace.read_text())["traceEvents"] and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_truncated_last_line_is_skipped_with_a_warning(tmp_path, capsys, caplog):
+    """What a run killed mid-write leaves: the steps before it are still reported."""
+    run = _write(tmp_path, "killed", RECORDS)
+    with (run / "steps.jsonl").open("a") as f:
+        f.write(json.dumps(RECORDS[0])[:40])
+    with caplog.at_level("WARNING"):
+        assert [r["step"] for r in load_records(run)] == [1, 2, 3, 4]
+    assert "steps.jsonl:5: skipping a truncated last line" in caplog.text
+    assert main([str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 4
+
+
+def test_trace_reads_the_spans_file_next_to_the_steps(tmp_path, capsys):
+    """The loop writes spans.jsonl apart from steps.jsonl (whose records stay max-over-ranks)."""
+    run = _write(tmp_path, "r", [{k: v for k, v in r.items() if k != "spans_by_rank"} for r in RECORDS])
+    lines = [json.dumps({"step": r["step"], "spans_by_rank": r["spans_by_rank"]}) for r in RECORDS]
+    (run / "spans.jsonl").write_text("\n".join(lines) + "\n" + lines[0][:25])  # a truncated last line too
+    assert sorted(load_spans(run)) == [1, 2, 3, 4]
+    trace = tmp_path / "t.json"
+    assert main([str(run), "--trace", str(trace)]) == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["tid"] for e in events if e["ph"] == "X"} == {0, 1}
+    assert trace_events(load_records(run), load_spans(run))["traceEvents"] == events
+
+
+@pytest.mark.parametrize("flag", ["--trace", "--plot"])
+def test_an_unwritable_output_is_one_line_and_exit_2(tmp_path, capsys, flag):
+    run = _write(tmp_path, "r", RECORDS)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main([str(run), flag, str(blocker / "sub" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("megatron-rl report: ") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "a-file" in err, err
 
 
 def test_generation_tail_and_switch_seconds():
