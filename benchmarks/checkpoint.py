@@ -14,6 +14,7 @@ minima, less sensitive to other load on the machine). Prints one JSON object (ra
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -126,7 +127,7 @@ def bench(spec, state, root: Path, repeats: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="where to write (kept); default: a temporary folder, removed")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     from megatron_rl.config.load import load_recipe
@@ -149,15 +150,18 @@ def main() -> None:
         make_vocab_size_divisible_by=128,
         qkv_bias=False,
     )
-    root = Path(args.out or tempfile.mkdtemp(prefix="ckpt_bench_"))
-    box = [str(root)]
+    # rank 0 picks the folder (one mkdtemp, not one per rank) and tells the others
+    box = [args.out or (tempfile.mkdtemp(prefix="ckpt_bench_") if dist.get_rank() == 0 else "")]
     dist.broadcast_object_list(box, src=0)
     root = Path(box[0])
     report = {"layout": "tp2", "world_size": dist.get_world_size()}
     for spec in (tiny, m100):
         report[spec.name] = bench(spec, state, root / spec.name, args.repeats)
+    dist.barrier()
     if dist.get_rank() == 0:
         print(json.dumps(report, indent=1))
+        if not args.out:  # several GB per run: a benchmark must not fill the disk it measures
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
