@@ -16,12 +16,12 @@ against `cluster.peak_tflops_bf16` per device from the recipe.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import statistics
 from pathlib import Path
 
+from megatron_rl.telemetry.jsonl import read_jsonl
 from megatron_rl.telemetry.phases import PHASES
 
 STEP_PHASES = tuple(p for p in PHASES if p != "init")
@@ -41,20 +41,7 @@ def load_records(run: str | Path) -> list[dict]:
     if not path.is_file():
         raise ReportError(f"{run}: no steps.jsonl here; pass a run directory such as outputs/<run>/")
     records = []
-    lines = path.read_text().splitlines()
-    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            if lineno == last:  # what a run killed mid-write leaves; a bad line before it is an error
-                log.warning(
-                    "%s:%d: skipping a truncated last line (the run was stopped mid-write)", path, lineno
-                )
-                continue
-            raise ReportError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+    for lineno, rec in read_jsonl(path, ReportError):
         if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or "phases" not in rec:
             raise ReportError(f'{path}:{lineno}: a step record needs an integer "step" and "phases"')
         records.append(rec)

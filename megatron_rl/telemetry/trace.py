@@ -14,6 +14,8 @@ import json
 import logging
 from pathlib import Path
 
+from megatron_rl.telemetry.jsonl import read_jsonl
+
 log = logging.getLogger(__name__)
 
 
@@ -25,21 +27,8 @@ def load_spans(run: str | Path) -> dict[int, list]:
     path = (path if path.is_dir() else path.parent) / "spans.jsonl"
     if not path.is_file():
         return {}
-    lines = path.read_text().splitlines()
-    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
     out: dict[int, list] = {}
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            if lineno == last:
-                log.warning(
-                    "%s:%d: skipping a truncated last line (the run was stopped mid-write)", path, lineno
-                )
-                continue
-            raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+    for _, rec in read_jsonl(path):
         if isinstance(rec, dict) and isinstance(rec.get("step"), int):
             out[rec["step"]] = rec.get("spans_by_rank") or []
     return out
