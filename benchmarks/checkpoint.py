@@ -71,10 +71,9 @@ def bench(spec, state, root: Path, repeats: int) -> dict:
     from megatron_rl.checkpoint.resume import load
     from megatron_rl.checkpoint.save import Checkpointer
     from megatron_rl.checkpoint.store import is_complete
-    from megatron_rl.models.megatron import ParallelSizes
     from megatron_rl.trainer.policy import OptimSettings, Policy
 
-    pol = Policy(spec, state, ParallelSizes(state.tp, 1), optim=OptimSettings(lr=1e-4), micro_batch_size=2)
+    pol = Policy(spec, state, optim=OptimSettings(lr=1e-4), micro_batch_size=2)
     seqs = [torch.randint(0, spec.vocab_size, (64,)).tolist() for _ in range(4)]
     pol.train_step(seqs, [8] * 4, lambda lp, mb: (-(lp * mb.loss_mask_BT).sum() / 224.0, {}))
     run = _Run(dist.get_rank())
@@ -131,10 +130,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     from megatron_rl.config.load import load_recipe
+    from megatron_rl.layout import ParallelLayout
     from megatron_rl.models.spec import ModelSpec
-    from megatron_rl.trainer.parallel import init_parallel
+    from megatron_rl.trainer.parallel import init_parallel, launched_world
 
-    state = init_parallel(2, 1)
+    state = init_parallel(ParallelLayout.over(launched_world(), 2, 1))
     tiny = ModelSpec.from_config(load_recipe("grpo_tiny_cpu").model)
     m100 = replace(
         tiny,

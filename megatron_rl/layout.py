@@ -1,14 +1,24 @@
-"""Where every rank sits: trainer TP x CP x DP x PP and the rollout engines.
+"""The parallel layout of a run: where every rank sits, for the trainer and the rollout engines.
 
-Pure Python, no torch.distributed: the reshard planner, the capacity planner, `validate` and the
-Slurm renderer all reason about ranks before any process exists. The trainer rank order matches
-megatron-core's default `order="tp-cp-ep-dp-pp"` (TP fastest, PP slowest), so the maps here agree
-with `parallel_state.initialize_model_parallel`.
+One type, built once from the recipe (`ParallelLayout.from_config`) and handed to everything that
+reasons about ranks: `validate` and the planner (before any process exists), the trainer's process
+groups, the engines and the publisher. A rank's coordinates (its TP/CP/DP/PP index, its engine and
+its rank inside that engine) are methods here and nowhere else.
+
+Pure Python, no torch.distributed. The trainer rank order matches megatron-core's default
+`order="tp-cp-ep-dp-pp"` (TP fastest, PP slowest), so the maps here agree with
+`parallel_state.initialize_model_parallel`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+PLACEMENTS = ("colocated", "separated")
+SYNCHRONIES = ("sync", "one_step_async")
+RECOMPUTE_MODES = ("none", "selective", "full")
+# megatron-core's rank order (`initialize_model_parallel(order=...)`), fastest-varying first.
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
 
 @dataclass(frozen=True)
@@ -24,48 +34,132 @@ class EngineCoord:
     engine: int  # which engine replica
     tp: int  # rank inside that engine's TP group
 
+    @property
+    def is_leader(self) -> bool:
+        """The engine's first TP rank: the one that submits prompts and receives the outputs."""
+        return self.tp == 0
+
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """Trainer TP/PP/DP/CP sizes and engine TP/count; colocated or separated."""
+    """Trainer TP/PP/DP/CP/EP, sequence parallelism, recompute and PP split; engine TP and count;
+    colocated or separated; synchronous or one step asynchronous."""
 
     tp: int = 1
     pp: int = 1
     dp: int = 1
     cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    recompute: str = "none"  # none | selective | full
+    pp_layers: tuple[int, ...] = ()  # explicit layers per PP stage; () = even split
     engine_tp: int = 1
     engine_count: int = 1
-    colocated: bool = True
+    placement: str = "colocated"  # colocated | separated
+    synchrony: str = "sync"  # sync | one_step_async
+    # The order megatron-core numbers trainer ranks in; recipes keep the default (tests that emulate
+    # a separated trainer inside one job put PP before DP, so one replica sits on the first ranks).
+    order: str = DEFAULT_ORDER
+
+    def __post_init__(self):
+        if sorted(self.order.split("-")) != ["cp", "dp", "ep", "pp", "tp"]:
+            raise ValueError(f"layout order {self.order!r} must be a permutation of tp-cp-ep-dp-pp")
+
+    @classmethod
+    def over(cls, world: int, tp: int = 1, pp: int = 1, **kw) -> ParallelLayout:
+        """A colocated layout filling `world` ranks: DP from the rest, one TP-1 engine per rank unless
+        given (tools and tests that size the trainer from the launcher's world)."""
+        if world % (tp * pp):
+            raise ValueError(f"world size {world} is not divisible by tp x pp = {tp} x {pp}")
+        kw.setdefault("engine_count", world // kw.get("engine_tp", 1))
+        return cls(tp=tp, pp=pp, dp=world // (tp * pp), **kw)
+
+    @classmethod
+    def from_config(cls, layout) -> ParallelLayout:
+        """From the recipe's `layout` group (config.schema.LayoutConfig); the one place it is read."""
+        return cls(
+            tp=layout.tp,
+            pp=layout.pp,
+            dp=layout.dp,
+            cp=layout.cp,
+            ep=layout.ep,
+            sequence_parallel=layout.sequence_parallel,
+            recompute=layout.recompute,
+            pp_layers=tuple(layout.pp_layers),
+            engine_tp=layout.engine_tp,
+            engine_count=layout.engine_count,
+            placement=layout.placement,
+            synchrony=layout.synchrony,
+        )
+
+    def with_(self, **kw) -> ParallelLayout:
+        return replace(self, **kw)
+
+    # ---- sizes ----
+    @property
+    def colocated(self) -> bool:
+        return self.placement == "colocated"
 
     @property
-    def trainer_world(self) -> int:
+    def overlapped(self) -> bool:
+        """Generation of step t+1 runs while step t trains: needs disjoint pools."""
+        return not self.colocated and self.synchrony == "one_step_async"
+
+    @property
+    def trainer_gpus(self) -> int:
         return self.tp * self.cp * self.dp * self.pp
 
     @property
-    def engine_world(self) -> int:
+    def engine_gpus(self) -> int:
         return self.engine_tp * self.engine_count
 
     @property
-    def world_size(self) -> int:
-        """Processes in the job: shared ranks when colocated, disjoint pools when separated."""
-        if self.colocated:
-            return self.trainer_world
-        return self.trainer_world + self.engine_world
+    def gpus(self) -> int:
+        """Processes (GPUs) in the job: shared ranks when colocated, disjoint pools when separated."""
+        return self.trainer_gpus if self.colocated else self.trainer_gpus + self.engine_gpus
 
-    # ---- trainer ranks (megatron order tp-cp-dp-pp) ----
+    # The names the rank maps use; the same numbers as the GPU counts above.
+    trainer_world = trainer_gpus
+    engine_world = engine_gpus
+    world_size = gpus
+
+    def sizes(self) -> dict[str, int]:
+        """The trainer's sizes as a plain record (checkpoints keep it to refuse a changed layout)."""
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp}
+
+    def stage_layers(self, num_layers: int) -> list[int]:
+        """Layers per pipeline stage: the explicit split, else an even one (the first stages take one
+        more when PP does not divide the layers; `validate` refuses that case for a run)."""
+        if self.pp_layers:
+            return list(self.pp_layers)
+        base, extra = divmod(num_layers, self.pp)
+        return [base + (1 if i < extra else 0) for i in range(self.pp)]
+
+    def stage_range(self, num_layers: int, stage: int) -> range:
+        """Global layer indices held by one PP stage."""
+        split = self.stage_layers(num_layers)
+        start = sum(split[:stage])
+        return range(start, start + split[stage])
+
+    # ---- trainer ranks (megatron's order, default tp-cp-ep-dp-pp: TP fastest, PP slowest) ----
+    def _dims(self) -> list[tuple[str, int]]:
+        sizes = {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp, "pp": self.pp}
+        return [(d, sizes[d]) for d in self.order.split("-")]  # EP is folded into DP for dense layers
+
     def trainer_coord(self, rank: int) -> TrainerCoord:
         if not 0 <= rank < self.trainer_world:
             raise ValueError(f"rank {rank} is not a trainer rank (trainer world {self.trainer_world})")
-        tp = rank % self.tp
-        rest = rank // self.tp
-        cp = rest % self.cp
-        rest //= self.cp
-        dp = rest % self.dp
-        pp = rest // self.dp
-        return TrainerCoord(tp=tp, cp=cp, dp=dp, pp=pp)
+        idx, rest = {}, rank
+        for dim, size in self._dims():
+            idx[dim], rest = rest % size, rest // size
+        return TrainerCoord(tp=idx["tp"], cp=idx["cp"], dp=idx["dp"], pp=idx["pp"])
 
     def trainer_rank(self, c: TrainerCoord) -> int:
-        return c.tp + self.tp * (c.cp + self.cp * (c.dp + self.dp * c.pp))
+        idx = {"tp": c.tp, "cp": c.cp, "ep": 0, "dp": c.dp, "pp": c.pp}
+        rank = 0
+        for dim, size in reversed(self._dims()):
+            rank = rank * size + idx[dim]
+        return rank
 
     def tp_group(self, rank: int) -> list[int]:
         c = self.trainer_coord(rank)
@@ -79,46 +173,36 @@ class ParallelLayout:
         c = self.trainer_coord(rank)
         return [self.trainer_rank(TrainerCoord(c.tp, c.cp, d, c.pp)) for d in range(self.dp)]
 
+    def is_trainer(self, rank: int) -> bool:
+        return rank < self.trainer_world
+
     # ---- engine ranks ----
+    @property
+    def _engine_base(self) -> int:
+        return 0 if self.colocated else self.trainer_world
+
     def engine_ranks(self, engine: int) -> list[int]:
         """Global ranks of one engine's TP group: the first ranks when colocated, after the trainer when not."""
         if not 0 <= engine < self.engine_count:
             raise ValueError(f"engine {engine} out of range (engine_count {self.engine_count})")
-        base = 0 if self.colocated else self.trainer_world
+        base = self._engine_base
         return [base + engine * self.engine_tp + t for t in range(self.engine_tp)]
 
     def engine_coord(self, rank: int) -> EngineCoord | None:
-        base = 0 if self.colocated else self.trainer_world
-        local = rank - base
+        """This rank's engine and its rank inside it; None for a rank that holds no engine."""
+        local = rank - self._engine_base
         if not 0 <= local < self.engine_world:
             return None
         return EngineCoord(engine=local // self.engine_tp, tp=local % self.engine_tp)
 
-    def is_trainer(self, rank: int) -> bool:
-        return rank < self.trainer_world
-
-    @classmethod
-    def from_config(cls, layout) -> ParallelLayout:  # layout: config.schema.LayoutConfig
-        return cls(
-            tp=layout.tp,
-            pp=layout.pp,
-            dp=layout.dp,
-            cp=layout.cp,
-            engine_tp=layout.engine_tp,
-            engine_count=layout.engine_count,
-            colocated=layout.placement == "colocated",
+    # ---- words ----
+    def describe(self) -> str:
+        tr = f"trainer TP{self.tp} PP{self.pp} DP{self.dp}" + (f" CP{self.cp}" if self.cp > 1 else "")
+        en = f"{self.engine_count} x TP{self.engine_tp} engines"
+        if self.colocated:
+            return f"colocated {self.gpus} GPUs: {tr}, {en}, recompute {self.recompute}"
+        mode = "async" if self.overlapped else "sync"
+        return (
+            f"separated {self.engine_gpus}+{self.trainer_gpus} GPUs ({mode}): {tr}, {en}, "
+            f"recompute {self.recompute}"
         )
-
-
-def pp_layer_split(num_layers: int, pp: int, explicit: list[int] | None = None) -> list[int]:
-    """Layers per pipeline stage: the explicit split when given, else an even one."""
-    if explicit:
-        return list(explicit)
-    return [num_layers // pp] * pp
-
-
-def pp_stage_layers(num_layers: int, pp: int, stage: int, explicit: list[int] | None = None) -> range:
-    """Global layer indices held by one PP stage."""
-    split = pp_layer_split(num_layers, pp, explicit)
-    start = sum(split[:stage])
-    return range(start, start + split[stage])

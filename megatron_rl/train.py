@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             reference,
             run.note_memory,
         )
-        engine, (engine_index, is_leader) = timeshare.engine, components.engine_role(cfg, run)
+        engine, (engine_index, is_leader) = timeshare.engine, components.engine_role(run)
         task = components.build_task(cfg)
         pool = components.build_reward_pool(cfg, is_leader)
         publisher = components.build_publisher(cfg, run, engine)

@@ -79,7 +79,6 @@ def main(argv: list[str]) -> int:
 
     from megatron_rl.config.load import load_recipe
     from megatron_rl.layout import ParallelLayout
-    from megatron_rl.models.megatron import ParallelSizes
     from megatron_rl.models.spec import ModelSpec
     from megatron_rl.models.tiny import hf_config
     from megatron_rl.reshard.publish import Publisher
@@ -93,8 +92,8 @@ def main(argv: list[str]) -> int:
     if lay.placement != "colocated":
         raise SystemExit("check_logprobs runs colocated layouts only (layout.placement=colocated)")
     spec = ModelSpec.from_config(rc.model)
-    st = init_parallel(lay.tp, lay.pp, seed=rc.seed)
-    policy = Policy(spec, st, ParallelSizes(lay.tp, lay.pp, pp_layers=tuple(lay.pp_layers)))
+    st = init_parallel(ParallelLayout.from_config(lay), seed=rc.seed)
+    policy = Policy(spec, st)
     if rc.model.hf_checkpoint:
         from megatron_rl.trainer.hf_import import load_hf_into
 
@@ -103,23 +102,15 @@ def main(argv: list[str]) -> int:
     model_dir = tempfile.TemporaryDirectory()  # config.json only; the publication brings the weights
     dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[spec.params_dtype]
     hf_config(spec, dtype).save_pretrained(model_dir.name)
-    engine = VLLMEngine(ro, model_dir.name, tp=lay.engine_tp, seed=ro.seed, max_model_len=max_len)
-    layout = ParallelLayout(
-        tp=lay.tp,
-        pp=lay.pp,
-        dp=lay.dp,
-        cp=lay.cp,
-        engine_tp=lay.engine_tp,
-        engine_count=lay.engine_count,
-        colocated=True,
+    engine = VLLMEngine(
+        ro,
+        model_dir.name,
+        tp=lay.engine_tp,
+        seed=ro.seed,
+        engine_index=st.layout.engine_coord(st.env.rank).engine,
+        max_model_len=max_len,
     )
-    pub = Publisher(
-        layout,
-        spec,
-        sink=VLLMEngineSink(engine, args.delivery),
-        delivery=args.delivery,
-        pp_layers=list(lay.pp_layers) or None,
-    )
+    pub = Publisher(st.layout, spec, sink=VLLMEngineSink(engine, args.delivery), delivery=args.delivery)
     sampling = SamplingSettings.from_config(ro)
     prompts = random_prompts(
         args.prompts, args.prompt_len, spec.vocab_size, seed=rc.seed + engine.engine_index

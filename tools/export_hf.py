@@ -25,6 +25,7 @@ def main(argv=None) -> int:
     from megatron_rl.checkpoint.export import write_hf
     from megatron_rl.checkpoint.store import is_complete, newest_complete
     from megatron_rl.config.load import load_recipe
+    from megatron_rl.layout import ParallelLayout
     from megatron_rl.trainer.build import build_policy
     from megatron_rl.trainer.parallel import destroy_parallel, init_parallel
 
@@ -36,7 +37,7 @@ def main(argv=None) -> int:
             return 1
         ckpt = found[1]
     recipe = load_recipe(args.recipe, [*args.overrides, "model.hf_checkpoint=null"])
-    state = init_parallel(recipe.layout.tp, recipe.layout.pp, seed=recipe.seed)
+    state = init_parallel(ParallelLayout.from_config(recipe.layout), seed=recipe.seed)
     # Verified before any DCP read: torch's reader unpickles dist/.metadata (checkpoint/integrity.py).
     from megatron_rl.checkpoint.resume import verify_shared
 

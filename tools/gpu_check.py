@@ -74,17 +74,18 @@ def _init():
     for k, v in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(k, v)
     os.environ.setdefault("MASTER_PORT", "29591")
-    from megatron_rl.trainer.parallel import init_parallel
+    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.trainer.parallel import init_parallel, launched_world
 
-    return init_parallel(1, 1)
+    return init_parallel(ParallelLayout.over(launched_world(), 1, 1))
 
 
 def _policy(spec, state, dtype=None, optim=True, mbs=2, recompute="none"):
-    from megatron_rl.models.megatron import ParallelSizes
     from megatron_rl.trainer.policy import OptimSettings, Policy
 
     settings = OptimSettings(lr=1e-4) if optim else None
-    return Policy(spec, state, ParallelSizes(1, 1, recompute=recompute), dtype, settings, mbs)
+    state = replace(state, layout=state.layout.with_(recompute=recompute))
+    return Policy(spec, state, dtype, settings, mbs)
 
 
 def _samples(spec, n_prompts=2, n=4, prompt_len=12, max_new=24, seed=0):

@@ -9,7 +9,6 @@ import logging
 
 import torch.distributed as dist
 
-from megatron_rl.layout import ParallelLayout
 from megatron_rl.models.spec import ModelSpec
 from megatron_rl.rollout.delivery import delivery_for
 
@@ -41,16 +40,19 @@ def build_engine(cfg, run):
         model_dir,
         tp=lay.engine_tp,
         seed=cfg.rollout.seed,
+        engine_index=engine_role(run)[0],
         dtype=_ENGINE_DTYPES[spec.params_dtype],
         max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
     )
     return engine
 
 
-def engine_role(cfg, run) -> tuple[int, bool]:
+def engine_role(run) -> tuple[int, bool]:
     """(engine_index, is_leader): which engine this rank belongs to, and whether it is its first TP rank."""
-    tp = cfg.layout.engine_tp
-    return run.rank // tp, run.rank % tp == 0
+    coord = run.layout.engine_coord(run.rank)
+    if coord is None:  # separated placement: refused by check() before anything is built
+        raise RuntimeError(f"rank {run.rank} holds no engine in {run.layout.describe()}")
+    return coord.engine, coord.is_leader
 
 
 def build_task(cfg):
@@ -82,7 +84,7 @@ def build_publisher(cfg, run, engine):
     from megatron_rl.reshard.publish import Publisher
     from megatron_rl.rollout.sink import VLLMEngineSink
 
-    layout = ParallelLayout.from_config(cfg.layout)
+    layout = run.layout
     spec = ModelSpec.from_config(cfg.model)
     links = Links.from_cluster(cfg.cluster)
     delivery = delivery_for(engine.on_gpu)
@@ -92,7 +94,6 @@ def build_publisher(cfg, run, engine):
         sink=VLLMEngineSink(engine, delivery=delivery),
         delivery=delivery,
         links=links,
-        pp_layers=list(cfg.layout.pp_layers) or None,
     )
 
 
@@ -137,13 +138,12 @@ def resume(cfg, run, policy, reference, task) -> int:
 
 
 def run_state(cfg, run, task, step: int) -> dict:
-    lay = cfg.layout
     return {
         "step": step,
         "version": step,  # samples of step s (0-based) are drawn with version s
         "task": task.state(),
         "world_size": dist.get_world_size(),
-        "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp},
+        "layout": run.layout.sizes(),
         "seed": cfg.seed,
         "kl_coef": cfg.algorithm.kl_coef,
         "reward_pending": 0,  # saves happen at step boundaries, with the reward pool idle

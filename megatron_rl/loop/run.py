@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron_rl.layout import ParallelLayout
 from megatron_rl.loop.names import run_name
 from megatron_rl.loop.summary import reward_stats
 from megatron_rl.telemetry import console
@@ -75,8 +76,9 @@ class Run:
         self.console = console.start(self.dir / "log.txt", _rank_from_env())
         if self.console.rank == 0:
             self.console.say(header(recipe, self.dir))
+        self.layout = ParallelLayout.from_config(recipe.layout)
         self.state: ParallelState = init_parallel(
-            recipe.layout.tp, recipe.layout.pp, seed=recipe.seed, timeout_s=recipe.cluster.dist_timeout_s
+            self.layout, seed=recipe.seed, timeout_s=recipe.cluster.dist_timeout_s
         )
         self.rank = self.state.env.rank
         self.is_main = self.rank == 0

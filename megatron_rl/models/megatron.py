@@ -8,23 +8,14 @@ imports (clusters, NGC containers); otherwise the local spec, which is what runs
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from megatron_rl.layout import ParallelLayout
 from megatron_rl.models.spec import ModelSpec
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-@dataclass(frozen=True)
-class ParallelSizes:
-    tp: int = 1
-    pp: int = 1
-    sequence_parallel: bool = False
-    recompute: str = "none"  # none | selective | full
-    pp_layers: tuple[int, ...] = ()  # uneven split: layers per stage
 
 
 def transformer_engine_available() -> bool:
@@ -35,8 +26,9 @@ def transformer_engine_available() -> bool:
     return torch.cuda.is_available()
 
 
-def transformer_config(spec: ModelSpec, par: ParallelSizes, dtype: str | None = None, on_cpu: bool = True):
-    """The megatron-core TransformerConfig for a spec at the given parallel sizes."""
+def transformer_config(spec: ModelSpec, par: ParallelLayout, dtype: str | None = None, on_cpu: bool = True):
+    """The megatron-core TransformerConfig for a spec at a layout's TP/PP/CP, sequence parallelism,
+    recompute and PP split."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     dtype = dtype or spec.params_dtype
@@ -63,6 +55,7 @@ def transformer_config(spec: ModelSpec, par: ParallelSizes, dtype: str | None = 
         fp16=dtype == "fp16",
         tensor_model_parallel_size=par.tp,
         pipeline_model_parallel_size=par.pp,
+        context_parallel_size=par.cp,
         sequence_parallel=par.sequence_parallel and par.tp > 1,
         use_cpu_initialization=on_cpu,
         # Fusions need CUDA kernels (apex / TE); the unfused paths compute the same maths.

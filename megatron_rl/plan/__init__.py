@@ -5,7 +5,7 @@ FLOPs and GPU-seconds per phase, generation bound by HBM bandwidth and the longe
 scoring in the CPU pool, the serial and the overlapped cycle, weight publication over each network
 cut, memory per GPU, checkpoints and failures, and ranks the layouts of the GPU count.
 
-    inputs.py       the recipe's numbers, checked (PlanInputs) and a layout (PlanLayout)
+    inputs.py       the recipe's numbers (PlanInputs); the layout is megatron_rl.layout.ParallelLayout
     flops.py        tokens per step, training / log-prob / prefill / decode FLOPs
     generation.py   decode bytes per step, KV capacity, concurrency, the longest-completion floor
     scoring.py      CPU pool time and how much hides behind generation

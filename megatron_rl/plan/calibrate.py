@@ -17,8 +17,9 @@ import math
 import statistics
 from pathlib import Path
 
+from megatron_rl.layout import ParallelLayout
 from megatron_rl.plan.cycle import PHASES, Cycle, compare_splits, from_phases
-from megatron_rl.plan.inputs import PlanError, PlanInputs, PlanLayout
+from megatron_rl.plan.inputs import PlanError, PlanInputs
 
 KNOWN = ("init", *PHASES)
 ADDITIVE = ("publish",)
@@ -98,7 +99,7 @@ def _rescale(predicted: dict, factors: dict, offsets: dict, measured: dict) -> d
     return out
 
 
-def calibrate(inp: PlanInputs, layout: PlanLayout, predicted: Cycle, summary: dict) -> dict:
+def calibrate(inp: PlanInputs, layout: ParallelLayout, predicted: Cycle, summary: dict) -> dict:
     """Measured vs predicted phases, the measured cycle, and every split of the GPUs, calibrated.
 
     Measured phases already contain the colocated offload switches (the loop times them inside its

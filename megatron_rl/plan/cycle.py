@@ -22,9 +22,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from megatron_rl.layout import RECOMPUTE_MODES, ParallelLayout
 from megatron_rl.plan.flops import logprob_forward_flops, recompute_extra_flops, train_flops
 from megatron_rl.plan.generation import Generation, generation
-from megatron_rl.plan.inputs import RECOMPUTE_MODES, PlanInputs, PlanLayout
+from megatron_rl.plan.inputs import PlanInputs
 from megatron_rl.plan.memory import GRAD_BYTES, memory_fit, stage_params
 from megatron_rl.plan.publication import publication
 from megatron_rl.plan.scoring import scoring
@@ -37,7 +38,7 @@ LEARNING = ("old_logprobs", "ref_logprobs", "train_fwd_bwd", "optimizer", "publi
 
 @dataclass(frozen=True)
 class Cycle:
-    layout: PlanLayout
+    layout: ParallelLayout
     phases: dict  # wall seconds per phase (scoring = the part exposed after generation); + "switch"
     gen: Generation
     scoring: dict
@@ -66,7 +67,7 @@ class Cycle:
         return list(dict.fromkeys(self.memory["reasons"] + list(self.gen.reasons)))
 
 
-def _stretch(inp: PlanInputs, layout: PlanLayout, sequences: int) -> float:
+def _stretch(inp: PlanInputs, layout: ParallelLayout, sequences: int) -> float:
     """DP imbalance x pipeline bubble for a pass over `sequences` sequences."""
     dp = layout.dp
     per_rank = math.ceil(sequences / dp)
@@ -76,7 +77,7 @@ def _stretch(inp: PlanInputs, layout: PlanLayout, sequences: int) -> float:
     return imbalance * (1.0 + bubble)
 
 
-def _pp_p2p_seconds(inp: PlanInputs, layout: PlanLayout, sequences: int, passes: int) -> float:
+def _pp_p2p_seconds(inp: PlanInputs, layout: ParallelLayout, sequences: int, passes: int) -> float:
     """Pipeline sends of one rank over `sequences` sequences: each microbatch crosses each stage
     boundary once per pass (forward, and backward when training), [S/TP, b, h] with sequence
     parallelism. Stages sit tp x cp x dp ranks apart: another node once that exceeds a node."""
@@ -93,7 +94,7 @@ def _pp_p2p_seconds(inp: PlanInputs, layout: PlanLayout, sequences: int, passes:
     return microbatches * passes * nbytes / link
 
 
-def trainer_phases(inp: PlanInputs, layout: PlanLayout) -> dict:
+def trainer_phases(inp: PlanInputs, layout: ParallelLayout) -> dict:
     """Wall seconds of the trainer's phases on `layout.trainer_gpus` GPUs."""
     w, hw, s = inp.work, inp.hw, inp.spec
     rate = layout.trainer_gpus * hw.peak_flops * inp.assume.train_mfu
@@ -121,7 +122,7 @@ def trainer_phases(inp: PlanInputs, layout: PlanLayout) -> dict:
     return out
 
 
-def switch_seconds(inp: PlanInputs, layout: PlanLayout, memory: dict) -> float:
+def switch_seconds(inp: PlanInputs, layout: ParallelLayout, memory: dict) -> float:
     """Colocated only: host offload and reload of what each side does not need while the other runs."""
     if not layout.colocated:
         return 0.0
@@ -132,7 +133,7 @@ def switch_seconds(inp: PlanInputs, layout: PlanLayout, memory: dict) -> float:
     return moved / inp.hw.host_link_bytes_per_s
 
 
-def cycle(inp: PlanInputs, layout: PlanLayout) -> Cycle:
+def cycle(inp: PlanInputs, layout: ParallelLayout) -> Cycle:
     gen = generation(inp, layout)
     sc = scoring(inp, gen)
     pub = publication(inp, layout)
@@ -145,7 +146,7 @@ def cycle(inp: PlanInputs, layout: PlanLayout) -> Cycle:
     return from_phases(layout, phases, gen, sc, pub, mem)
 
 
-def from_phases(layout: PlanLayout, phases: dict, gen, sc, pub, mem) -> Cycle:
+def from_phases(layout: ParallelLayout, phases: dict, gen, sc, pub, mem) -> Cycle:
     """Serial and overlapped cycles from phase times (predicted, or measured by --from-steps)."""
     collection = sum(phases.get(p, 0.0) for p in COLLECTION)
     learning = sum(phases.get(p, 0.0) for p in LEARNING)
@@ -163,7 +164,7 @@ def from_phases(layout: PlanLayout, phases: dict, gen, sc, pub, mem) -> Cycle:
     )
 
 
-def lightest_fitting(inp: PlanInputs, layout: PlanLayout) -> PlanLayout:
+def lightest_fitting(inp: PlanInputs, layout: ParallelLayout) -> ParallelLayout:
     """The layout with the cheapest recompute that fits in memory (the heaviest if none does)."""
     for mode in RECOMPUTE_MODES:
         trial = layout.with_(recompute=mode)
@@ -182,7 +183,7 @@ def split_options(total_gpus: int, gpus_per_node: int) -> list[int]:
     return sorted(picks)
 
 
-def compare_splits(inp: PlanInputs, layout: PlanLayout) -> list[Cycle]:
+def compare_splits(inp: PlanInputs, layout: ParallelLayout) -> list[Cycle]:
     """Colocated vs separated (sync and async) on all the cluster's GPUs, with this layout's TP/PP/engine TP."""
     total = inp.hw.gpus
     unit = layout.tp * layout.pp * layout.cp

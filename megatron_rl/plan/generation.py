@@ -20,13 +20,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from megatron_rl.layout import ParallelLayout
 from megatron_rl.plan.flops import (
     decode_context_sum,
     decode_flops_per_sample,
     prefill_flops,
     prefill_flops_per_prompt,
 )
-from megatron_rl.plan.inputs import GIB, PlanInputs, PlanLayout
+from megatron_rl.plan.inputs import GIB, PlanInputs
 from megatron_rl.plan.memory import engine_memory
 
 # vLLM's default max_num_seqs for the offline LLM class: 1024 on GPUs of >= 70 GiB (not A100),
@@ -81,7 +82,7 @@ class Generation:
         return d
 
 
-def generation(inp: PlanInputs, layout: PlanLayout) -> Generation:
+def generation(inp: PlanInputs, layout: ParallelLayout) -> Generation:
     """Generation phase of one step on `layout`'s engines."""
     w, s, hw = inp.work, inp.spec, inp.hw
     etp, engines = layout.engine_tp, layout.engine_count

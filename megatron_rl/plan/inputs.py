@@ -1,7 +1,7 @@
 """The numbers the planner reasons with, read once from a recipe and checked.
 
 Every estimate in this package is a pure function of a `PlanInputs` (model, workload, hardware,
-assumptions) and a `PlanLayout` (how the GPUs are split). Keeping the layout separate is what lets
+assumptions) and a `ParallelLayout` (how the GPUs are split; the run's own type). Keeping the layout separate is what lets
 the search ask the same questions of hundreds of layouts without touching the recipe.
 
 Units inside the package are SI base units: bytes, seconds, FLOPs, bytes/s. Link rates the cluster
@@ -11,15 +11,14 @@ decimal (1 GB = 1e9 B). Memory that is *held* is reported in GiB (2^30 B) by the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+from megatron_rl.layout import RECOMPUTE_MODES, ParallelLayout
 from megatron_rl.models.spec import ModelSpec
 from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 
 GB = 1e9
 GIB = 2**30
-
-RECOMPUTE_MODES = ("none", "selective", "full")
 
 # GPU <-> host copies (colocated offload, async checkpoint staging): PCIe Gen5 x16 delivers ~64 GB/s
 # on paper; 25 GB/s is a sustained pinned-memory rate. Not in the cluster config, so assumed here.
@@ -108,58 +107,6 @@ class Assumptions:
     # The frozen reference's weights (when the KL needs one): on the GPU throughout, or on the host
     # between uses (algorithm.reference).
     reference: str = "resident"  # resident | offload
-
-
-@dataclass(frozen=True)
-class PlanLayout:
-    """How the GPUs are split: the recipe's layout, or one candidate of the search."""
-
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    engine_tp: int = 1
-    engine_count: int = 1
-    placement: str = "colocated"  # colocated | separated
-    synchrony: str = "sync"  # sync | one_step_async
-    recompute: str = "selective"
-    sequence_parallel: bool = True
-    pp_layers: tuple = ()  # explicit layers per PP stage; () = even split
-
-    @property
-    def colocated(self) -> bool:
-        return self.placement == "colocated"
-
-    @property
-    def trainer_gpus(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp
-
-    @property
-    def engine_gpus(self) -> int:
-        return self.engine_tp * self.engine_count
-
-    @property
-    def gpus(self) -> int:
-        return self.trainer_gpus if self.colocated else self.trainer_gpus + self.engine_gpus
-
-    @property
-    def overlapped(self) -> bool:
-        """Generation of step t+1 runs while step t trains: needs disjoint pools."""
-        return not self.colocated and self.synchrony == "one_step_async"
-
-    def with_(self, **kw) -> PlanLayout:
-        return replace(self, **kw)
-
-    def describe(self) -> str:
-        tr = f"trainer TP{self.tp} PP{self.pp} DP{self.dp}" + (f" CP{self.cp}" if self.cp > 1 else "")
-        en = f"{self.engine_count} x TP{self.engine_tp} engines"
-        if self.colocated:
-            return f"colocated {self.gpus} GPUs: {tr}, {en}, recompute {self.recompute}"
-        mode = "async" if self.overlapped else "sync"
-        return (
-            f"separated {self.engine_gpus}+{self.trainer_gpus} GPUs ({mode}): {tr}, {en}, "
-            f"recompute {self.recompute}"
-        )
 
 
 @dataclass(frozen=True)
@@ -302,7 +249,7 @@ def inputs_from_recipe(recipe) -> PlanInputs:
     return PlanInputs(name=recipe.name, spec=spec, work=work, hw=hw, assume=assume)
 
 
-def layout_from_recipe(recipe) -> PlanLayout:
+def layout_from_recipe(recipe) -> ParallelLayout:
     """The recipe's own layout; a separated one takes its engine GPUs from `layout.engine_gpus`."""
     lay = recipe.layout
     if lay.placement not in ("colocated", "separated"):
@@ -313,19 +260,7 @@ def layout_from_recipe(recipe) -> PlanLayout:
         raise PlanError(f"layout.recompute={lay.recompute!r} must be one of {RECOMPUTE_MODES}")
     for key in ("tp", "pp", "dp", "cp", "engine_tp", "engine_count"):
         _positive(getattr(lay, key), f"layout.{key}")
-    out = PlanLayout(
-        tp=lay.tp,
-        pp=lay.pp,
-        dp=lay.dp,
-        cp=lay.cp,
-        engine_tp=lay.engine_tp,
-        engine_count=lay.engine_count,
-        placement=lay.placement,
-        synchrony=lay.synchrony,
-        recompute=lay.recompute,
-        sequence_parallel=lay.sequence_parallel,
-        pp_layers=tuple(lay.pp_layers),
-    )
+    out = ParallelLayout.from_config(lay)
     if out.pp_layers and (len(out.pp_layers) != out.pp or sum(out.pp_layers) != recipe.model.num_layers):
         raise PlanError(
             f"layout.pp_layers={list(out.pp_layers)} must have layout.pp={out.pp} entries summing to "

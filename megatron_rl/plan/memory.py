@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import math
 
-from megatron_rl.plan.inputs import GIB, RECOMPUTE_MODES, PlanInputs, PlanLayout
+from megatron_rl.layout import RECOMPUTE_MODES, ParallelLayout
+from megatron_rl.plan.inputs import GIB, PlanInputs
 
 # Assumed fixed overheads (GiB per GPU); on the CPU build one process stands in for a GPU.
 TRAINER_RUNTIME_GIB = {"gpu": 3.0, "cpu": 1.0}
@@ -53,14 +54,12 @@ def _runtime(inp: PlanInputs, table: dict) -> float:
     return table["cpu" if inp.hw.is_cpu else "gpu"] * GIB
 
 
-def stage_layers(inp: PlanInputs, layout: PlanLayout) -> list[int]:
-    """Layers per pipeline stage: the recipe's explicit split, else an even one (rounded up)."""
-    if layout.pp_layers:
-        return list(layout.pp_layers)
-    return [math.ceil(inp.spec.num_layers / layout.pp)] * layout.pp
+def stage_layers(inp: PlanInputs, layout: ParallelLayout) -> list[int]:
+    """Layers per pipeline stage: the recipe's explicit split, else an even one."""
+    return layout.stage_layers(inp.spec.num_layers)
 
 
-def stage_params(inp: PlanInputs, layout: PlanLayout) -> list[int]:
+def stage_params(inp: PlanInputs, layout: ParallelLayout) -> list[int]:
     """Parameters of every pipeline stage (whole, before TP): layers, plus the embedding on the first
     and the output layer and final norm on the last. The vocabulary is megatron's, padded to a
     multiple of make_vocab_size_divisible_by x TP; tied embeddings are held twice once PP > 1.
@@ -79,7 +78,7 @@ def stage_params(inp: PlanInputs, layout: PlanLayout) -> list[int]:
     return out
 
 
-def activation_bytes_per_layer_token(inp: PlanInputs, layout: PlanLayout, recompute: str) -> float:
+def activation_bytes_per_layer_token(inp: PlanInputs, layout: ParallelLayout, recompute: str) -> float:
     """Bytes one token leaves behind in one layer for backward (see the module docstring)."""
     s, t, cp = inp.spec, layout.tp, layout.cp
     h, q, kv, f = s.hidden_size, s.q_size, s.kv_size, s.ffn_hidden_size
@@ -98,7 +97,7 @@ def activation_bytes_per_layer_token(inp: PlanInputs, layout: PlanLayout, recomp
     raise ValueError(f"recompute={recompute!r} is not one of {RECOMPUTE_MODES}")
 
 
-def trainer_memory(inp: PlanInputs, layout: PlanLayout, recompute: str | None = None) -> dict:
+def trainer_memory(inp: PlanInputs, layout: ParallelLayout, recompute: str | None = None) -> dict:
     """Bytes per trainer GPU on the heaviest PP stage, by part; `total` is the training-phase peak.
 
     1F1B keeps min(PP - i, microbatches) microbatches in flight on stage i: the first stage holds the
@@ -153,7 +152,7 @@ def trainer_memory(inp: PlanInputs, layout: PlanLayout, recompute: str | None = 
     return best
 
 
-def engine_memory(inp: PlanInputs, layout: PlanLayout) -> dict:
+def engine_memory(inp: PlanInputs, layout: ParallelLayout) -> dict:
     """Bytes per engine GPU by part, the KV tokens one engine replica holds, and why it may not fit."""
     s = inp.spec
     etp = layout.engine_tp
@@ -191,7 +190,7 @@ def engine_memory(inp: PlanInputs, layout: PlanLayout) -> dict:
     }
 
 
-def memory_fit(inp: PlanInputs, layout: PlanLayout, recompute: str | None = None) -> dict:
+def memory_fit(inp: PlanInputs, layout: ParallelLayout, recompute: str | None = None) -> dict:
     """Trainer and engine memory for a layout, the peak per GPU, and every reason it does not fit."""
     tr = trainer_memory(inp, layout, recompute)
     en = engine_memory(inp, layout)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from megatron_rl.plan.inputs import PlanInputs, PlanLayout
+from megatron_rl.layout import ParallelLayout
+from megatron_rl.plan.inputs import PlanInputs
 
 
 @lru_cache(maxsize=4096)
@@ -60,7 +61,7 @@ def _missing_fractions(
     return gpu_missing / total, node_missing / total, trainer_nodes, engine_nodes
 
 
-def publication(inp: PlanInputs, layout: PlanLayout) -> dict:
+def publication(inp: PlanInputs, layout: ParallelLayout) -> dict:
     hw, a = inp.hw, inp.assume
     w = float(inp.weights_bytes)
     gpu_frac, node_frac, t_nodes, e_nodes = _missing_fractions(

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import math
 
-from megatron_rl.plan.inputs import PlanInputs, PlanLayout
+from megatron_rl.layout import ParallelLayout
+from megatron_rl.plan.inputs import PlanInputs
 
 # Requeue, process start, NCCL and engine initialisation after a failure (assumed; --from-steps
 # replaces it with the measured `init` phase). Reading the checkpoint back is added on top.
 RESTART_FIXED_S = 300.0
 
 
-def checkpoint(inp: PlanInputs, layout: PlanLayout) -> dict:
+def checkpoint(inp: PlanInputs, layout: ParallelLayout) -> dict:
     s = inp.spec
     params = s.num_params(s.padded_vocab(layout.tp))
     per_param = s.dtype_bytes + (8 if s.params_dtype == "fp32" else 12)
@@ -52,7 +53,7 @@ def young_daly_interval(cost_s: float, mtbf_s: float) -> float:
 
 
 def reliability(
-    inp: PlanInputs, layout: PlanLayout, step_s: float, restart_fixed_s: float = RESTART_FIXED_S
+    inp: PlanInputs, layout: ParallelLayout, step_s: float, restart_fixed_s: float = RESTART_FIXED_S
 ) -> dict:
     """Expected failures, the checkpoint interval, the time they cost, and the predicted run length."""
     ck = checkpoint(inp, layout)

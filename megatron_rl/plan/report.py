@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from megatron_rl.layout import RECOMPUTE_MODES, ParallelLayout
 from megatron_rl.plan import generation as gen_mod
 from megatron_rl.plan import memory as mem_mod
 from megatron_rl.plan import reliability as rel_mod
@@ -19,7 +20,7 @@ from megatron_rl.plan.flops import (
     tokens_per_step,
     train_flops,
 )
-from megatron_rl.plan.inputs import GIB, HOST_LINK_BYTES_PER_S, RECOMPUTE_MODES, PlanInputs, PlanLayout
+from megatron_rl.plan.inputs import GIB, HOST_LINK_BYTES_PER_S, PlanInputs
 from megatron_rl.plan.memory import trainer_memory
 from megatron_rl.plan.search import search
 
@@ -138,7 +139,7 @@ def _dominant(inp: PlanInputs, c: Cycle, gpu_s: dict, step: Cycle) -> dict:
 
 
 def build_report(
-    inp: PlanInputs, layout: PlanLayout, calibration=None, with_search: bool = True, top: int = 10
+    inp: PlanInputs, layout: ParallelLayout, calibration=None, with_search: bool = True, top: int = 10
 ) -> dict:
     """Everything the planner knows about a recipe on its layout; `calibration` from calibrate()."""
     w, hw, a, s = inp.work, inp.hw, inp.assume, inp.spec
@@ -302,7 +303,7 @@ def build_report(
     return report
 
 
-def steps_in_target(inp: PlanInputs, layout: PlanLayout, step_s: float, restart_s: float) -> int:
+def steps_in_target(inp: PlanInputs, layout: ParallelLayout, step_s: float, restart_s: float) -> int:
     """The most steps whose predicted run (failures and saves included) fits in the target hours.
 
     Bisection: the predicted run grows with the step count, but not linearly once failures compound.

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 
+from megatron_rl.layout import ParallelLayout
 from megatron_rl.plan.cycle import Cycle, cycle, lightest_fitting, split_options
-from megatron_rl.plan.inputs import PlanInputs, PlanLayout
+from megatron_rl.plan.inputs import PlanInputs
 
 TP_OPTIONS = (1, 2, 4, 8)
 PP_OPTIONS = (1, 2, 4, 8, 16)
 ENGINE_TP_OPTIONS = (1, 2, 4, 8)
+# Every candidate starts from sequence parallelism and selective recompute; `lightest_fitting` then
+# picks the cheapest recompute that fits.
+CANDIDATE = dict(recompute="selective", sequence_parallel=True)
 
 
-def structural_reason(inp: PlanInputs, layout: PlanLayout) -> str | None:
+def structural_reason(inp: PlanInputs, layout: ParallelLayout) -> str | None:
     """Why a layout cannot run at all, before any memory is counted; None if it can."""
     s, g = inp.spec, inp.hw.gpus_per_node
     per_minibatch = inp.work.samples // inp.work.minibatches
@@ -45,7 +49,7 @@ def structural_reason(inp: PlanInputs, layout: PlanLayout) -> str | None:
     return None
 
 
-def candidates(inp: PlanInputs, total_gpus: int) -> list[PlanLayout]:
+def candidates(inp: PlanInputs, total_gpus: int) -> list[ParallelLayout]:
     """Every colocated layout and every separated split (sync) of `total_gpus` GPUs."""
     out = []
     for tp in TP_OPTIONS:
@@ -54,8 +58,13 @@ def candidates(inp: PlanInputs, total_gpus: int) -> list[PlanLayout]:
             for etp in ENGINE_TP_OPTIONS:
                 if total_gpus % unit == 0 and total_gpus % etp == 0:
                     out.append(
-                        PlanLayout(
-                            tp=tp, pp=pp, dp=total_gpus // unit, engine_tp=etp, engine_count=total_gpus // etp
+                        ParallelLayout(
+                            tp=tp,
+                            pp=pp,
+                            dp=total_gpus // unit,
+                            engine_tp=etp,
+                            engine_count=total_gpus // etp,
+                            **CANDIDATE,
                         )
                     )
                 for engine_gpus in split_options(total_gpus, inp.hw.gpus_per_node):
@@ -63,13 +72,14 @@ def candidates(inp: PlanInputs, total_gpus: int) -> list[PlanLayout]:
                     if trainer_gpus % unit or engine_gpus % etp:
                         continue
                     out.append(
-                        PlanLayout(
+                        ParallelLayout(
                             tp=tp,
                             pp=pp,
                             dp=trainer_gpus // unit,
                             engine_tp=etp,
                             engine_count=engine_gpus // etp,
                             placement="separated",
+                            **CANDIDATE,
                         )
                     )
     return out

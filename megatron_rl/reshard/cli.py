@@ -149,7 +149,6 @@ def main(argv: list[str]) -> int:
             delivery,
             Links.from_cluster(recipe.cluster),
             spec.dtype_bytes,
-            list(recipe.layout.pp_layers) or None,
         )
         summary = summarize(plan, int(args.bucket_mb * (1 << 20)))
         if args.rank is not None:

@@ -28,7 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from megatron_rl.layout import ParallelLayout, TrainerCoord, pp_stage_layers
+from megatron_rl.layout import ParallelLayout, TrainerCoord
 from megatron_rl.models.hf import megatron_names
 from megatron_rl.models.spec import ModelSpec
 from megatron_rl.reshard.convert import TensorLayout, engine_layouts, megatron_layout
@@ -244,7 +244,6 @@ def build_plan(
     delivery: str = "inplace",
     links: Links | None = None,
     dtype_bytes: int | None = None,
-    pp_layers: list[int] | None = None,
 ) -> ReshardPlan:
     """Plan the publication of a trainer layout's weights to its engines."""
     links = links or Links()
@@ -256,8 +255,12 @@ def build_plan(
         )
     if spec.num_query_groups % layout.tp:
         raise ValueError(f"layout.tp={layout.tp} must divide num_query_groups={spec.num_query_groups}")
-    if sum(pp_layers or [spec.num_layers]) != spec.num_layers:
-        raise ValueError(f"layout.pp_layers={pp_layers} must sum to num_layers={spec.num_layers}")
+    split = layout.stage_layers(spec.num_layers)
+    if len(split) != layout.pp or sum(split) != spec.num_layers:
+        raise ValueError(
+            f"layout.pp_layers={list(layout.pp_layers)} must have pp={layout.pp} entries summing to "
+            f"num_layers={spec.num_layers}"
+        )
     padded_vocab = spec.padded_vocab(layout.tp)
 
     # Trainer side: every rank's shards, and the holders of each HF run: every (rank, tensor, offset)
@@ -266,7 +269,7 @@ def build_plan(
     runs: dict[str, dict[tuple[int, int], list[tuple[int, str, int]]]] = defaultdict(dict)
     cache: dict[tuple[str, int], TensorLayout] = {}
     for p in range(layout.pp):
-        layers = pp_stage_layers(spec.num_layers, layout.pp, p, pp_layers)
+        layers = layout.stage_range(spec.num_layers, p)
         names = megatron_names(spec, layers, p == 0, p == layout.pp - 1)
         for s in range(layout.tp):
             ranks = [

@@ -133,14 +133,13 @@ class Publisher:
         bucket_bytes: int = 256 << 20,
         links: Links | None = None,
         dtype: torch.dtype | None = None,
-        pp_layers: list[int] | None = None,
         device: torch.device | str | None = None,
         algorithm: str | None = None,
         direct_min_bytes: int = DIRECT_MIN_BYTES,
     ):
         self.dtype = dtype or TORCH_DTYPES[spec.params_dtype]
         itemsize = torch.empty(0, dtype=self.dtype).element_size()
-        self.plan: ReshardPlan = build_plan(layout, spec, delivery, links, itemsize, pp_layers)
+        self.plan: ReshardPlan = build_plan(layout, spec, delivery, links, itemsize)
         self.sink, self.bucket_bytes, self.direct_min_bytes = sink, bucket_bytes, direct_min_bytes
         on_gpu = torch.cuda.is_available() and (not dist.is_initialized() or dist.get_backend() == "nccl")
         self.device = torch.device(device) if device else torch.device("cuda" if on_gpu else "cpu")

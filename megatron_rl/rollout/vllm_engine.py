@@ -94,6 +94,7 @@ class VLLMEngine:
         tp: int = 1,
         seed: int = 0,
         *,
+        engine_index: int = 0,
         load_format: str = "dummy",
         dtype: str | None = None,
         max_model_len: int | None = None,
@@ -132,21 +133,16 @@ class VLLMEngine:
             logprobs_mode=cfg.logprobs_mode,
             load_format=load_format,
         )
+        # Which engine this rank serves comes from the layout (ParallelLayout.engine_coord): it seeds
+        # the engine's requests apart from the other engines'.
+        self.engine_index = engine_index
         if dist.is_initialized():
-            world, rank = dist.get_world_size(), dist.get_rank()
-            if world % tp:
-                raise ValueError(
-                    f"world size {world} is not divisible by the engine TP {tp} (layout.engine_tp)"
-                )
             kwargs["distributed_executor_backend"] = "external_launcher"
-            self.engine_index = rank // tp
-        else:
-            if tp != 1:
-                raise ValueError(
-                    f"engine TP {tp} needs one process per TP rank: launch with torchrun and call "
-                    "torch.distributed.init_process_group before building the engine"
-                )
-            self.engine_index = 0
+        elif tp != 1:
+            raise ValueError(
+                f"engine TP {tp} needs one process per TP rank: launch with torchrun and call "
+                "torch.distributed.init_process_group before building the engine"
+            )
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = True

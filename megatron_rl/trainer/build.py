@@ -4,21 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from megatron_rl.models.megatron import ParallelSizes
 from megatron_rl.models.spec import ModelSpec
 from megatron_rl.trainer.hf_import import load_hf_into
 from megatron_rl.trainer.parallel import ParallelState
 from megatron_rl.trainer.policy import OptimSettings, Policy
-
-
-def parallel_sizes(layout) -> ParallelSizes:
-    return ParallelSizes(
-        tp=layout.tp,
-        pp=layout.pp,
-        sequence_parallel=layout.sequence_parallel,
-        recompute=layout.recompute,
-        pp_layers=tuple(layout.pp_layers),
-    )
 
 
 def optim_settings(o) -> OptimSettings:
@@ -41,7 +30,6 @@ def build_policy(recipe, state: ParallelState, with_optimizer: bool = True) -> P
     policy = Policy(
         spec,
         state,
-        parallel_sizes(recipe.layout),
         optim=optim_settings(recipe.optim) if with_optimizer else None,
         micro_batch_size=recipe.optim.micro_batch_size,
     )
@@ -57,9 +45,7 @@ def frozen_copy(policy: Policy, recipe, state: ParallelState) -> Policy:
 
     With `algorithm.reference=offload` its weights wait in host memory and come to the device only
     for the reference log-probs (the planner counts the choice: plan/memory.py)."""
-    ref = Policy(
-        policy.spec, state, parallel_sizes(recipe.layout), micro_batch_size=recipe.optim.micro_batch_size
-    )
+    ref = Policy(policy.spec, state, micro_batch_size=recipe.optim.micro_batch_size)
     src = dict(policy.named_parameters_global())
     with torch.no_grad():
         for name, p in ref.named_parameters_global():

@@ -27,19 +27,46 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.dist_env import DistEnv, from_env
+from megatron_rl.layout import ParallelLayout, TrainerCoord
 
 
 @dataclass(frozen=True)
 class ParallelState:
+    """This rank in the run: the layout, its coordinates in it (computed by the layout, nowhere else),
+    its device and the host group."""
+
     env: DistEnv
-    tp: int
-    pp: int
-    dp: int
-    tp_rank: int
-    pp_rank: int
-    dp_rank: int
+    layout: ParallelLayout
     device: torch.device
     cpu_group: object = None  # explicit gloo group over every rank, for host tensors
+
+    @property
+    def coord(self) -> TrainerCoord:
+        return self.layout.trainer_coord(self.env.rank)
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pp
+
+    @property
+    def dp(self) -> int:
+        return self.layout.dp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.coord.tp
+
+    @property
+    def pp_rank(self) -> int:
+        return self.coord.pp
+
+    @property
+    def dp_rank(self) -> int:
+        return self.coord.dp
 
     @property
     def is_first_stage(self) -> bool:
@@ -53,8 +80,15 @@ class ParallelState:
 DEFAULT_TIMEOUT_S = 1800.0
 
 
-def init_parallel(tp: int, pp: int, seed: int = 1234, timeout_s: float = DEFAULT_TIMEOUT_S) -> ParallelState:
-    """Initialise torch.distributed (if not yet) and megatron-core's model-parallel groups."""
+def launched_world() -> int:
+    """Processes the launcher started (torchrun/srun environment; 1 without one)."""
+    return from_env().world_size
+
+
+def init_parallel(
+    layout: ParallelLayout, seed: int = 1234, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> ParallelState:
+    """Initialise torch.distributed (if not yet) and megatron-core's model-parallel groups at `layout`."""
     from megatron_rl.trainer import device_guard
     from megatron_rl.trainer.cpu_compat import apply_cpu_patches, cuda_available
 
@@ -63,6 +97,12 @@ def init_parallel(tp: int, pp: int, seed: int = 1234, timeout_s: float = DEFAULT
     device_guard.install_from_env()  # before any group exists, so every group's kind is recorded
     env = from_env()
     env.export()
+    if env.world_size != layout.trainer_world:
+        raise ValueError(
+            f"{env.world_size} processes were launched for a trainer of tp x pp x dp x cp = "
+            f"{layout.trainer_world} ranks ({layout.describe()}); launch {layout.trainer_world} processes "
+            "or change the layout"
+        )
     on_gpu = cuda_available()
     if not on_gpu:
         apply_cpu_patches()
@@ -76,35 +116,40 @@ def init_parallel(tp: int, pp: int, seed: int = 1234, timeout_s: float = DEFAULT
             world_size=env.world_size,
             timeout=timedelta(seconds=timeout_s),
         )
-    world = dist.get_world_size()
-    if world % (tp * pp) != 0:
-        raise ValueError(
-            f"world size {world} is not divisible by layout.tp x layout.pp = {tp} x {pp}; "
-            f"launch tp*pp*dp processes (e.g. --nproc-per-node {tp * pp})"
-        )
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(
-            tensor_model_parallel_size=tp,
-            pipeline_model_parallel_size=pp,
+            tensor_model_parallel_size=layout.tp,
+            pipeline_model_parallel_size=layout.pp,
+            context_parallel_size=layout.cp,
             distributed_timeout_minutes=max(1, round(timeout_s / 60)),
+            order=layout.order,
         )
     model_parallel_cuda_manual_seed(seed)
     # Collective: every rank creates it, in the same order relative to the other groups.
     cpu_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-    return ParallelState(
+    state = ParallelState(
         env=env,
-        tp=tp,
-        pp=pp,
-        dp=ps.get_data_parallel_world_size(),
-        tp_rank=ps.get_tensor_model_parallel_rank(),
-        pp_rank=ps.get_pipeline_model_parallel_rank(),
-        dp_rank=ps.get_data_parallel_rank(),
+        layout=layout,
         device=torch.device("cuda", env.local_rank) if on_gpu else torch.device("cpu"),
         cpu_group=cpu_group,
     )
+    # megatron-core numbered the groups itself: they must be the layout's, or shards land on wrong ranks.
+    theirs = (
+        ps.get_tensor_model_parallel_rank(),
+        ps.get_pipeline_model_parallel_rank(),
+        ps.get_data_parallel_rank(),
+        ps.get_data_parallel_world_size(),
+    )
+    if theirs != (state.tp_rank, state.pp_rank, state.dp_rank, layout.dp):
+        raise RuntimeError(
+            f"rank {env.rank}: megatron-core's groups give (tp, pp, dp rank, dp size) = {theirs}, the layout "
+            f"{(state.tp_rank, state.pp_rank, state.dp_rank, layout.dp)}; they were built at another layout "
+            "(destroy_model_parallel first)"
+        )
+    return state
 
 
 def destroy_parallel() -> None:

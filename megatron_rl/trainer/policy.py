@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from megatron_rl.models.megatron import ParallelSizes, build_gpt, transformer_config
+from megatron_rl.models.megatron import build_gpt, transformer_config
 from megatron_rl.models.spec import ModelSpec
 from megatron_rl.trainer.batch import Microbatch, completion_values, make_microbatches
 from megatron_rl.trainer.logprobs import token_logprobs
@@ -48,17 +48,16 @@ class Policy:
         self,
         spec: ModelSpec,
         state: ParallelState,
-        par: ParallelSizes,
         dtype: str | None = None,
         optim: OptimSettings | None = None,
         micro_batch_size: int = 1,
     ):
-        self.spec, self.state, self.par = spec, state, par
+        self.spec, self.state = spec, state
         self.dtype = dtype or spec.params_dtype
         self.micro_batch_size = micro_batch_size
-        self.padded_vocab = spec.padded_vocab(par.tp)
+        self.padded_vocab = spec.padded_vocab(state.tp)
         on_cpu = state.device.type == "cpu"
-        self.config = transformer_config(spec, par, self.dtype, on_cpu=on_cpu)
+        self.config = transformer_config(spec, state.layout, self.dtype, on_cpu=on_cpu)
         model = build_gpt(spec, self.config, self.padded_vocab, state.is_first_stage, state.is_last_stage)
         self.model = model.to(state.device)
         self.ddp = None
@@ -200,7 +199,7 @@ class Policy:
 
         The tensors stay on the policy's device: the pipeline group is NCCL on GPU, which refuses
         host tensors."""
-        if self.par.pp == 1:
+        if self.state.pp == 1:
             return values
         from megatron.core import parallel_state as ps
 

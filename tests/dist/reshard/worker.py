@@ -20,12 +20,11 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 
 from megatron_rl.layout import ParallelLayout
-from megatron_rl.models.megatron import ParallelSizes
 from megatron_rl.reshard.convert import bytes_equal, engine_layouts, to_hf
 from megatron_rl.reshard.plan import Links
 from megatron_rl.reshard.publish import InMemorySink, Publisher
 from megatron_rl.trainer.hf_import import load_hf_into
-from megatron_rl.trainer.parallel import init_parallel
+from megatron_rl.trainer.parallel import init_parallel, launched_world
 from megatron_rl.trainer.policy import Policy
 from tests.dist.reshard.cases import (
     BUCKET_BYTES,
@@ -49,7 +48,7 @@ def reinit(tp: int, pp: int, order: str):
 
     ps.destroy_model_parallel()
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, order=order)
-    return init_parallel(tp, pp)  # groups exist: only reads them back
+    return init_parallel(ParallelLayout.over(launched_world(), tp, pp, order=order))  # groups exist: only reads them back
 
 
 def hf_logprobs(spec, state, seqs, prompt_lens):
@@ -97,7 +96,7 @@ def run_case(case: Case, spec, hf, params, ref_lp, seqs, prompt_lens) -> dict:
         dp=case.dp,
         engine_tp=case.engine_tp,
         engine_count=case.engine_count,
-        colocated=case.colocated,
+        placement="colocated" if case.colocated else "separated",
     )
     coord = layout.engine_coord(rank)
     sink = InMemorySink() if coord is not None else None
@@ -232,7 +231,7 @@ def faults(spec, params, layout: ParallelLayout, tag: str) -> list[dict]:
 
 
 def main() -> None:
-    init_parallel(1, 1)
+    init_parallel(ParallelLayout.over(launched_world(), 1, 1))
     rank = dist.get_rank()
     seqs, prompt_lens = batch()
     records: list[dict] = []
@@ -247,7 +246,7 @@ def main() -> None:
                     if not cases:
                         continue
                     st = reinit(tp, pp, "tp-cp-ep-dp-pp" if colocated else "tp-cp-ep-pp-dp")
-                    pol = Policy(spec, st, ParallelSizes(tp, pp))
+                    pol = Policy(spec, st)
                     load_hf_into(pol.model, spec, CKPTS / spec_name, tp, st.tp_rank, pol.padded_vocab)
                     if colocated:  # the trainer's own log-probs at this layout (same weights when separated)
                         ref_lp[(tp, pp)] = pol.logprobs(seqs, prompt_lens)
@@ -262,7 +261,7 @@ def main() -> None:
                             dp=cases[0].dp,
                             engine_tp=2,
                             engine_count=1 if not colocated else 2,
-                            colocated=colocated,
+                            placement="colocated" if colocated else "separated",
                         )
                         records += faults(spec, params, lay, "sep" if not colocated else "pp")
         records.append({"case": "coverage", "rank": rank, "missing": sorted(expected)})

@@ -48,7 +48,9 @@ def reinit(tp: int, pp: int):
     """Re-create megatron's model-parallel groups at another layout in the same processes."""
     from megatron.core import parallel_state as ps
 
-    from megatron_rl.trainer.parallel import init_parallel
+    from megatron_rl.layout import ParallelLayout
+
+    from megatron_rl.trainer.parallel import init_parallel, launched_world
 
     ps.destroy_model_parallel()
-    return init_parallel(tp, pp)
+    return init_parallel(ParallelLayout.over(launched_world(), tp, pp))

@@ -37,7 +37,6 @@ def main() -> None:
         model_parallel_cuda_manual_seed(1)
         ok(stage)
         stage = "build"
-        from megatron_rl.models.megatron import ParallelSizes
         from megatron_rl.trainer.parallel import ParallelState
         from megatron_rl.trainer.policy import OptimSettings, Policy
         from tests.helpers.specs import QWEN2_TINY
@@ -45,7 +44,7 @@ def main() -> None:
         st = ParallelState(
             env=None, tp=1, pp=1, dp=1, tp_rank=0, pp_rank=0, dp_rank=0, device=torch.device("cpu")
         )
-        pol = Policy(QWEN2_TINY, st, ParallelSizes(1, 1), optim=OptimSettings(lr=1e-3, clip_grad=1.0))
+        pol = Policy(QWEN2_TINY, st, optim=OptimSettings(lr=1e-3, clip_grad=1.0))
         ok(stage)
         stage = "forward"  # DotProductAttention -> rng tracker fork; schedules -> device='cuda'
         seqs, pls = [[1, 2, 3, 4, 5, 6]], [2]

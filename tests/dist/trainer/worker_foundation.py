@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.checkpoint.export import full_state
-from megatron_rl.models.megatron import ParallelSizes
 from megatron_rl.trainer.hf_import import CheckpointError, load_hf_into
-from megatron_rl.trainer.parallel import init_parallel
+from megatron_rl.layout import ParallelLayout
+from megatron_rl.trainer.parallel import init_parallel, launched_world
 from megatron_rl.trainer.policy import OptimSettings, Policy
 from tests.dist.trainer.cases import (
     LOGPROB_CASES,
@@ -35,13 +35,13 @@ OUT, CKPTS = Path(sys.argv[1]), Path(sys.argv[2])
 
 
 def main() -> None:
-    st = init_parallel(1, 1)
+    st = init_parallel(ParallelLayout.over(launched_world(), 1, 1))
     rank = st.env.rank
     seqs, prompt_lens = batch()
     for spec_name, tp, pp, mbs in LOGPROB_CASES:
         spec = SPECS[spec_name]
         st = reinit(tp, pp)
-        pol = Policy(spec, st, ParallelSizes(tp, pp), micro_batch_size=mbs)
+        pol = Policy(spec, st, micro_batch_size=mbs)
         load_hf_into(pol.model, spec, CKPTS / spec_name, tp, st.tp_rank, pol.padded_vocab)
         lps = pol.logprobs(seqs, prompt_lens, temperature=TEMPERATURE)
         if rank == 0:
@@ -50,7 +50,7 @@ def main() -> None:
     for tp, pp in TRAIN_CASES:
         spec = SPECS["qwen2_tiny"]
         st = reinit(tp, pp)
-        pol = Policy(spec, st, ParallelSizes(tp, pp), optim=OptimSettings(**OPTIM))
+        pol = Policy(spec, st, optim=OptimSettings(**OPTIM))
         load_hf_into(pol.model, spec, CKPTS / spec.name, tp, st.tp_rank, pol.padded_vocab)
         # Each DP rank trains on its contiguous share; the loss is normalised by the global token count.
         n = len(seqs) // st.dp
@@ -69,7 +69,7 @@ def main() -> None:
     # Malformed checkpoints: refused, naming the tensor, with the model untouched.
     spec = SPECS["qwen2_tiny"]
     st = reinit(2, 1)
-    pol = Policy(spec, st, ParallelSizes(2, 1))
+    pol = Policy(spec, st)
     load_hf_into(pol.model, spec, CKPTS / spec.name, 2, st.tp_rank, pol.padded_vocab)
     before = {n: p.detach().clone() for n, p in pol.named_parameters_global()}
     results = {}

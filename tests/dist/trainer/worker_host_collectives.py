@@ -46,9 +46,10 @@ def _try(fn) -> str:
 
 def main() -> None:
     from megatron_rl.checkpoint.save import Checkpointer
-    from megatron_rl.trainer.parallel import init_parallel
+    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.trainer.parallel import init_parallel, launched_world
 
-    state = init_parallel(1, 1)
+    state = init_parallel(ParallelLayout.over(launched_world(), 1, 1))
     root = Path(sys.argv[1]) / f"rank{dist.get_rank()}"
     probe = types.ModuleType("megatron_rl.checkpoint._pre_fix_probe")
     exec(PRE_FIX, probe.__dict__)

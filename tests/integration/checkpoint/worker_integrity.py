@@ -50,15 +50,15 @@ def main() -> None:
     from megatron_rl.checkpoint.resume import find, load
     from megatron_rl.checkpoint.save import Checkpointer
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.models.megatron import ParallelSizes
+    from megatron_rl.layout import ParallelLayout
     from megatron_rl.models.spec import ModelSpec
-    from megatron_rl.trainer.parallel import init_parallel
+    from megatron_rl.trainer.parallel import init_parallel, launched_world
     from megatron_rl.trainer.policy import OptimSettings, Policy
 
     mode, root = sys.argv[1], Path(sys.argv[2])
-    state = init_parallel(2, 1)
+    state = init_parallel(ParallelLayout.over(launched_world(), 2, 1))
     spec = ModelSpec.from_config(load_recipe("grpo_tiny_cpu").model)
-    policy = Policy(spec, state, ParallelSizes(2, 1), optim=OptimSettings(lr=1e-3), micro_batch_size=2)
+    policy = Policy(spec, state, optim=OptimSettings(lr=1e-3), micro_batch_size=2)
     run = _Run(dist.get_rank())
     result: dict = {}
     if mode == "save":

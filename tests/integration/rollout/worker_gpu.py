@@ -80,7 +80,6 @@ def engine_checks(r):
 def trainer_checks(r, st):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from megatron_rl.models.megatron import ParallelSizes
     from megatron_rl.trainer.policy import OptimSettings, Policy
 
     seqs, plens = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]], [3, 2]
@@ -92,7 +91,7 @@ def trainer_checks(r, st):
     for round_trip in (False, True):
         torch.manual_seed(0)
         model_parallel_cuda_manual_seed(0)
-        pol = Policy(SPEC, st, ParallelSizes(1, 1), optim=OptimSettings(lr=1e-3))
+        pol = Policy(SPEC, st, optim=OptimSettings(lr=1e-3))
         pol.train_step(seqs, plens, loss)
         if round_trip:
             before = torch.cuda.memory_allocated()
@@ -105,9 +104,12 @@ def trainer_checks(r, st):
 
 
 def main():
-    from megatron_rl.trainer.parallel import init_parallel
+    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.trainer.parallel import init_parallel, launched_world
 
-    st = init_parallel(1, 1)  # the trainer's process group first, as in the loop; the engine joins it
+    st = init_parallel(
+        ParallelLayout.over(launched_world(), 1, 1)
+    )  # the trainer's process group first, as in the loop; the engine joins it
     r = {}
     engine_checks(r)
     trainer_checks(r, st)

@@ -19,13 +19,12 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.layout import ParallelLayout
-from megatron_rl.models.megatron import ParallelSizes
 from megatron_rl.reshard.publish import Publisher
 from megatron_rl.rollout.logprob_check import bind_trainer_logprobs, check_samples
 from megatron_rl.rollout.sink import VLLMEngineSink
 from megatron_rl.rollout.types import SamplingSettings
 from megatron_rl.rollout.vllm_engine import VLLMEngine
-from megatron_rl.trainer.parallel import init_parallel
+from megatron_rl.trainer.parallel import init_parallel, launched_world
 from megatron_rl.trainer.policy import OptimSettings, Policy
 from tests.integration.rollout.cases import LONG_PROMPT, SPEC, rollout_cfg
 from tools.check_logprobs import gather_engine_samples
@@ -76,16 +75,16 @@ def round_of(policy, engine, pub, step, cfg):
 
 
 def main():
-    st = init_parallel(2, 1)
+    st = init_parallel(ParallelLayout.over(launched_world(), 2, 1))
     rank = st.env.rank
     cfg = rollout_cfg()
-    policy = Policy(SPEC, st, ParallelSizes(2, 1), optim=OptimSettings(lr=2e-4, clip_grad=0.0))
+    policy = Policy(SPEC, st, optim=OptimSettings(lr=2e-4, clip_grad=0.0))
     with torch.no_grad():
         for name, p in policy.named_parameters_global():
             if name == "output_layer.weight":
                 p.mul_(20)
     t = time.perf_counter()
-    engine = VLLMEngine(cfg, MODEL_DIR, tp=1, seed=cfg.seed)
+    engine = VLLMEngine(cfg, MODEL_DIR, tp=1, seed=cfg.seed, engine_index=rank)
     start_s = time.perf_counter() - t
     layout = ParallelLayout(tp=2, engine_tp=1, engine_count=2)
     pub = Publisher(layout, SPEC, sink=VLLMEngineSink(engine), delivery="loader")

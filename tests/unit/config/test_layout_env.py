@@ -3,7 +3,7 @@
 import pytest
 
 from megatron_rl.dist_env import first_host, from_env
-from megatron_rl.layout import ParallelLayout, TrainerCoord, pp_stage_layers
+from megatron_rl.layout import ParallelLayout, TrainerCoord
 
 
 def test_trainer_rank_order_matches_megatron():
@@ -21,15 +21,16 @@ def test_trainer_rank_order_matches_megatron():
 def test_engine_ranks_colocated_and_separated():
     co = ParallelLayout(tp=2, dp=2, engine_tp=2, engine_count=2)
     assert co.engine_ranks(1) == [2, 3] and co.world_size == 4
-    sep = ParallelLayout(tp=2, dp=1, engine_tp=1, engine_count=2, colocated=False)
+    sep = ParallelLayout(tp=2, dp=1, engine_tp=1, engine_count=2, placement="separated")
     assert sep.engine_ranks(0) == [2] and sep.world_size == 4 and sep.engine_coord(3).engine == 1
     with pytest.raises(ValueError):
         co.engine_ranks(2)
 
 
 def test_pp_stage_layers_even_and_uneven():
-    assert list(pp_stage_layers(8, 2, 1)) == [4, 5, 6, 7]
-    assert list(pp_stage_layers(7, 2, 1, [3, 4])) == [3, 4, 5, 6]
+    assert list(ParallelLayout(pp=2).stage_range(8, 1)) == [4, 5, 6, 7]
+    assert list(ParallelLayout(pp=2, pp_layers=(3, 4)).stage_range(7, 1)) == [3, 4, 5, 6]
+    assert ParallelLayout(pp=3).stage_layers(8) == [3, 3, 2]  # never loses a layer
 
 
 def test_slurm_and_torchrun_map_to_the_same_ranks():

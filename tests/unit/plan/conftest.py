@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_rl.plan.inputs import PlanInputs, PlanLayout, inputs_from_recipe, layout_from_recipe
+from megatron_rl.layout import ParallelLayout
+from megatron_rl.plan.inputs import PlanInputs, inputs_from_recipe, layout_from_recipe
 
 from .hand import REFERENCE
 
@@ -17,5 +18,5 @@ def ref_recipe():
 
 
 @pytest.fixture(scope="session")
-def ref(ref_recipe) -> tuple[PlanInputs, PlanLayout]:
+def ref(ref_recipe) -> tuple[PlanInputs, ParallelLayout]:
     return inputs_from_recipe(ref_recipe), layout_from_recipe(ref_recipe)

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from megatron_rl.layout import ParallelLayout
 from megatron_rl.models.spec import ModelSpec
 from megatron_rl.plan.inputs import (
     GIB,
     Assumptions,
     Hardware,
     PlanInputs,
-    PlanLayout,
     Workload,
 )
 
@@ -97,4 +97,6 @@ def hand_inputs(work: dict | None = None, hw: dict | None = None, assume: dict |
     )
 
 
-HAND_LAYOUT = PlanLayout(tp=1, pp=1, dp=1, engine_tp=1, engine_count=1, recompute="selective")
+HAND_LAYOUT = ParallelLayout(
+    tp=1, pp=1, dp=1, engine_tp=1, engine_count=1, recompute="selective", sequence_parallel=True
+)

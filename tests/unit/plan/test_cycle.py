@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
+from megatron_rl.layout import ParallelLayout
 from megatron_rl.plan.cycle import cycle, switch_seconds, trainer_phases
-from megatron_rl.plan.inputs import PlanLayout
 from megatron_rl.plan.memory import memory_fit
 from megatron_rl.plan.search import best_step_s
 
@@ -68,7 +68,16 @@ def test_serial_and_overlapped_cycles():
     assert c.learning_s == pytest.approx(learning)
     assert c.overlapped_s == pytest.approx(max(collection, learning))
     assert c.step_s == c.serial_s  # colocated runs serially
-    sep = PlanLayout(tp=1, pp=1, dp=1, engine_tp=1, engine_count=1, placement="separated")
+    sep = ParallelLayout(
+        tp=1,
+        pp=1,
+        dp=1,
+        engine_tp=1,
+        engine_count=1,
+        placement="separated",
+        recompute="selective",
+        sequence_parallel=True,
+    )
     assert cycle(inp, sep).step_s == cycle(inp, sep).serial_s
     asyn = cycle(inp, sep.with_(synchrony="one_step_async"))
     assert asyn.step_s == asyn.overlapped_s < asyn.serial_s
@@ -89,7 +98,15 @@ def test_scaling_one_layout_pattern_never_slows_it(ref):
     inp, _ = ref
     steps = []
     for gpus in (32, 64, 128, 256, 512):
-        lay = PlanLayout(tp=8, pp=2, dp=gpus // 16, engine_tp=4, engine_count=gpus // 4)
+        lay = ParallelLayout(
+            tp=8,
+            pp=2,
+            dp=gpus // 16,
+            engine_tp=4,
+            engine_count=gpus // 4,
+            recompute="selective",
+            sequence_parallel=True,
+        )
         steps.append(cycle(inp, lay).step_s)
     assert all(later <= earlier for earlier, later in zip(steps, steps[1:])), steps
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from megatron_rl.plan.inputs import PlanLayout
+from megatron_rl.layout import ParallelLayout
 from megatron_rl.plan.publication import publication
 from megatron_rl.plan.reliability import checkpoint, reliability, young_daly_interval
 
@@ -38,7 +38,12 @@ def test_reference_publication_by_hand(ref):
 
 def test_node_holding_whole_replicas_needs_no_ib(ref):
     inp, _ = ref
-    p = publication(inp, PlanLayout(tp=8, pp=1, dp=32, engine_tp=4, engine_count=64))
+    p = publication(
+        inp,
+        ParallelLayout(
+            tp=8, pp=1, dp=32, engine_tp=4, engine_count=64, recompute="selective", sequence_parallel=True
+        ),
+    )
     cuts = {c["cut"]: c for c in p["cuts"]}
     assert cuts["IB into one node"]["bytes"] == 0
     assert p["floor_s"] == pytest.approx(W / 4 / NVLINK)
@@ -46,7 +51,16 @@ def test_node_holding_whole_replicas_needs_no_ib(ref):
 
 def test_separated_pools_move_a_full_copy_per_engine_node(ref):
     inp, _ = ref
-    lay = PlanLayout(tp=8, pp=1, dp=1, engine_tp=4, engine_count=2, placement="separated")  # 8 + 8 GPUs
+    lay = ParallelLayout(
+        tp=8,
+        pp=1,
+        dp=1,
+        engine_tp=4,
+        engine_count=2,
+        placement="separated",
+        recompute="selective",
+        sequence_parallel=True,
+    )  # 8 + 8 GPUs
     p = publication(inp, lay)
     cuts = {c["cut"]: c for c in p["cuts"]}
     assert cuts["IB into one node"]["bytes"] == pytest.approx(W)

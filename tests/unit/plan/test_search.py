@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from megatron_rl.plan.inputs import PlanLayout
+from megatron_rl.layout import ParallelLayout
 from megatron_rl.plan.memory import memory_fit
 from megatron_rl.plan.search import search, structural_reason
 
@@ -45,7 +45,9 @@ def test_a_trainer_too_big_for_its_gpus_is_rejected_with_its_numbers(ref):
 
 def test_structural_reasons(ref):
     inp, _ = ref
-    base = PlanLayout(tp=8, pp=2, dp=16, engine_tp=4, engine_count=64)
+    base = ParallelLayout(
+        tp=8, pp=2, dp=16, engine_tp=4, engine_count=64, recompute="selective", sequence_parallel=True
+    )
     assert structural_reason(inp, base) is None
     assert "span nodes" in structural_reason(inp, base.with_(tp=16, dp=8))
     assert "does not divide 64 layers" in structural_reason(inp, base.with_(pp=3))

@@ -54,7 +54,14 @@ def layouts():
         count = max(1, world // etp) if colocated else 2
         if colocated and etp > world:
             continue
-        yield ParallelLayout(tp=tp, pp=pp, dp=dp, engine_tp=etp, engine_count=count, colocated=colocated)
+        yield ParallelLayout(
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            engine_tp=etp,
+            engine_count=count,
+            placement="colocated" if colocated else "separated",
+        )
 
 
 def _fits(spec, lay):
@@ -138,7 +145,7 @@ def test_sources_prefer_local_then_same_node_then_own_replica():
 
 
 def test_separated_spreads_load_over_replicas():
-    lay = ParallelLayout(tp=1, pp=1, dp=2, engine_tp=1, engine_count=2, colocated=False)
+    lay = ParallelLayout(tp=1, pp=1, dp=2, engine_tp=1, engine_count=2, placement="separated")
     plan = build_plan(lay, GQA8, "inplace", Links(gpus_per_node=8), 4)
     rb = plan.rank_bytes()
     assert {p.kind for p in plan.pieces} == {"cross_pool"}
@@ -146,7 +153,7 @@ def test_separated_spreads_load_over_replicas():
 
 
 def test_lower_bound_is_the_busiest_link():
-    lay = ParallelLayout(tp=1, pp=1, dp=1, engine_tp=1, engine_count=2, colocated=False)
+    lay = ParallelLayout(tp=1, pp=1, dp=1, engine_tp=1, engine_count=2, placement="separated")
     links = Links(gpus_per_node=2, intra_bytes_s=100.0, inter_bytes_s=10.0)
     plan = build_plan(lay, GQA8, "inplace", links, 4)
     full = (
@@ -184,12 +191,12 @@ def test_bad_layouts_are_refused_with_the_fix():
     with pytest.raises(ValueError, match="num_query_groups"):
         build_plan(ParallelLayout(tp=8, engine_tp=1), GQA8)
     with pytest.raises(ValueError, match="pp_layers"):
-        build_plan(ParallelLayout(pp=2, engine_tp=1), GQA8, pp_layers=[1, 1])
+        build_plan(ParallelLayout(pp=2, engine_tp=1, pp_layers=(1, 1)), GQA8)
 
 
 def test_uneven_pipeline_split():
     lay = ParallelLayout(tp=1, pp=2, dp=1, engine_tp=2, engine_count=1)
-    plan = build_plan(lay, GQA8, "inplace", Links(), 4, pp_layers=[1, 3])
+    plan = build_plan(lay.with_(pp_layers=(1, 3)), GQA8, "inplace", Links(), 4)
     assert {n for n in plan.sources[1] if n.startswith("decoder.layers.")} >= {
         "decoder.layers.3.mlp.linear_fc2.weight"
     }
