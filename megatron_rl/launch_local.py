@@ -20,9 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from megatron_rl.config.load import load_recipe
-from megatron_rl.config.validate import ConfigError, validate_recipe
+from megatron_rl.check import ConfigError, validate_recipe
+from megatron_rl.config.load import RecipeError, RecipeNotFound, load_recipe
 from megatron_rl.launch_torchrun import LOG_ENV
+from megatron_rl.layout import ParallelLayout
 
 
 def _free_port() -> int:
@@ -40,14 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a != "--verbose"]
     recipe_name, overrides = argv[0], argv[1:]
     try:
-        recipe = validate_recipe(load_recipe(recipe_name, overrides))
-    except ConfigError as e:
+        recipe = validate_recipe(load_recipe(recipe_name, overrides))  # the driver's own check, first
+    except (ConfigError, RecipeError, RecipeNotFound) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    lay = recipe.layout
-    nproc = lay.tp * lay.pp * lay.dp * lay.cp
-    if lay.placement == "separated":
-        nproc += lay.engine_tp * lay.engine_count
+    nproc = ParallelLayout.from_config(recipe.layout).gpus
     if recipe.cluster.nodes != 1:
         print(
             f"error: {recipe.name} needs {recipe.cluster.nodes} nodes; launch it with `megatron-rl submit`",

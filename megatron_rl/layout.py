@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-PLACEMENTS = ("colocated", "separated")
-SYNCHRONIES = ("sync", "one_step_async")
-RECOMPUTE_MODES = ("none", "selective", "full")
+from megatron_rl import layout_rules as rules
+from megatron_rl.config.problem import Problem
+from megatron_rl.layout_rules import PLACEMENTS, RECOMPUTE_MODES, SYNCHRONIES  # noqa: F401 (re-exported)
+
 # megatron-core's rank order (`initialize_model_parallel(order=...)`), fastest-varying first.
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
@@ -194,6 +195,23 @@ class ParallelLayout:
         if not 0 <= local < self.engine_world:
             return None
         return EngineCoord(engine=local // self.engine_tp, tp=local % self.engine_tp)
+
+    # ---- the one check of a layout ----
+    def check(self, model, cluster) -> list[Problem]:
+        """Every reason this layout cannot run `model` on `cluster` (empty: it can).
+
+        `model` is the recipe's model group (or a ModelSpec), `cluster` its cluster group (or the
+        planner's Hardware). `validate`, `submit`, the planner, its layout search, the reshard plan and
+        the driver all apply these rules (megatron_rl/layout_rules.py). Problems of kind "driver" are
+        layouts the planner models but the training driver cannot run yet.
+        """
+        out = rules.size_problems(self)
+        if out:
+            return out  # the rules below divide by these
+        out += rules.trainer_problems(self, model)
+        out += rules.engine_problems(self.engine_tp, model)
+        out += rules.placement_problems(self)
+        return out + rules.cluster_problems(self, cluster)
 
     # ---- words ----
     def describe(self) -> str:

@@ -18,13 +18,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatron_rl.check import check_recipe, notes, refused
 from megatron_rl.config.load import REPO_ROOT, RecipeNotFound, load_recipe
 from megatron_rl.config.schema import RecipeConfig
-from megatron_rl.layout import ParallelLayout
 
 SCRIPT = REPO_ROOT / "slurm" / "train.sbatch"
-# Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (or no limit).
-_TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
 
 
 @dataclass(frozen=True)
@@ -55,54 +53,6 @@ def request_from_recipe(recipe: RecipeConfig) -> SlurmRequest:
         account=c.account,
         container_image=c.container_image,
     )
-
-
-def _describe(lay) -> str:
-    trainer = f"trainer tp{lay.tp} x pp{lay.pp} x dp{lay.dp} x cp{lay.cp}"
-    engines = f"{lay.engine_count} engine(s) of tp{lay.engine_tp}"
-    if lay.placement == "colocated":
-        return f"{trainer}, {engines} on the same ranks"
-    return f"{trainer} + {engines} on their own GPUs"
-
-
-def fit_problems(recipe: RecipeConfig) -> list[str]:
-    """Why the recipe's layout does not fit the nodes it asks for (empty list: it fits)."""
-    lay, c = recipe.layout, recipe.cluster
-    if c.nodes < 1 or c.gpus_per_node < 1:
-        return [f"cluster.nodes={c.nodes} and cluster.gpus_per_node={c.gpus_per_node} must both be >= 1"]
-    out: list[str] = []
-    layout = ParallelLayout.from_config(lay)
-    gpus = c.nodes * c.gpus_per_node
-    if layout.world_size != gpus:
-        if layout.world_size % c.gpus_per_node == 0:
-            fix = f"set cluster.nodes={layout.world_size // c.gpus_per_node}, or resize the layout to {gpus} ranks"
-        else:
-            fix = f"resize the layout (e.g. layout.dp) to fill whole nodes of {c.gpus_per_node} GPUs"
-        out.append(
-            f"the layout starts {layout.world_size} ranks ({_describe(lay)}) but the job asks for "
-            f"cluster.nodes={c.nodes} x cluster.gpus_per_node={c.gpus_per_node} = {gpus} GPUs, one rank each; {fix}"
-        )
-    if lay.placement == "colocated" and layout.engine_world > layout.trainer_world:
-        out.append(
-            f"layout.engine_tp x layout.engine_count = {layout.engine_world} engine ranks exceed the "
-            f"{layout.trainer_world} ranks they are colocated on"
-        )
-    if lay.placement != "colocated" and lay.engine_gpus and lay.engine_gpus != layout.engine_world:
-        out.append(
-            f"layout.engine_gpus={lay.engine_gpus} but engine_tp x engine_count = {layout.engine_world}; "
-            "make them equal"
-        )
-    for key, size in (("layout.tp", lay.tp), ("layout.engine_tp", lay.engine_tp)):
-        if size > c.gpus_per_node or c.gpus_per_node % size:
-            out.append(
-                f"{key}={size} does not fit inside one node of {c.gpus_per_node} GPUs: tensor-parallel groups "
-                f"all-reduce every layer and must stay on a node's NVLink; use a divisor of {c.gpus_per_node}"
-            )
-    if not _TIME.match(c.time_limit):
-        out.append(
-            f"cluster.time_limit={c.time_limit!r} is not a Slurm time; use e.g. 48:00:00, 2-00:00:00 or 90 (minutes)"
-        )
-    return out
 
 
 def sbatch_command(
@@ -162,12 +112,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _recipe_problems(recipe: RecipeConfig) -> list[str]:
-    from megatron_rl.config.validate import check_recipe
-
-    return [str(p) for p in check_recipe(recipe)]
-
-
 def main(argv: list[str]) -> int:
     args = _parse(argv)
     try:
@@ -179,16 +123,15 @@ def main(argv: list[str]) -> int:
         print(f"error: recipe {args.recipe!r} does not compose: {e}", file=sys.stderr)
         return 2
 
-    fit, other = fit_problems(recipe), _recipe_problems(recipe)
-    if fit or other:
-        print(f"refused: recipe {recipe.name!r} was not submitted", file=sys.stderr)
-        if fit:
-            print("its layout does not fit the requested nodes:", file=sys.stderr)
-            print("\n".join(f"  - {p}" for p in fit), file=sys.stderr)
-        if other:
-            print("recipe problems (megatron-rl validate):", file=sys.stderr)
-            print("\n".join(f"  - {p}" for p in other), file=sys.stderr)
+    # The same check as `validate` and the driver (megatron_rl/check.py): the layout against the nodes
+    # the job asks for included, so nothing is queued that would die on a world-size assertion.
+    problems = check_recipe(recipe)
+    if refused(problems, "validate"):
+        print(f"refused: recipe {recipe.name!r} was not submitted (megatron-rl validate):", file=sys.stderr)
+        print("\n".join(f"  - {p}" for p in refused(problems, "validate")), file=sys.stderr)
         return 1
+    for line in notes(problems, "validate"):
+        print(line, file=sys.stderr)
 
     cmd = sbatch_command(request_from_recipe(recipe), args.recipe, args.overrides, args.log_dir, args.sbatch)
     print(shlex.join(cmd), flush=True)

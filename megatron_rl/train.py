@@ -21,9 +21,9 @@ from functools import partial
 
 import torch
 
+from megatron_rl.check import validate_recipe
 from megatron_rl.checkpoint.preempt import EXIT_REQUEUE, Preemption
 from megatron_rl.config.load import load_recipe
-from megatron_rl.config.validate import validate_recipe
 from megatron_rl.loop import components
 from megatron_rl.loop.collect import collect_batch
 from megatron_rl.loop.publication import RefusalPolicy
@@ -36,7 +36,7 @@ from megatron_rl.loop.rl_batch import (
     loss_mask_keep,
     minibatch_extras,
 )
-from megatron_rl.loop.run import Run, seed_everything
+from megatron_rl.loop.run import seed_everything, start_run
 from megatron_rl.loop.summary import step_metrics
 from megatron_rl.rollout.logprob_check import compare
 from megatron_rl.rollout.timeshare import TimeShare
@@ -45,32 +45,32 @@ from megatron_rl.trainer.build import build_policy, frozen_copy
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    recipe = validate_recipe(load_recipe(args.recipe, args.overrides))
+    recipe = validate_recipe(load_recipe(args.recipe, args.overrides))  # `validate`'s check, before anything
     cfg, algo, ro = recipe, recipe.algorithm, recipe.rollout
     seed_everything(cfg.seed)
-    run = Run(cfg)
+    procs, run = start_run(cfg)  # the process groups; the run's records, console and sinks
 
     # ---- setup: trainer, reference, engines, reward pool, publisher, checkpoints ----
     with run.phase("init"):
-        policy = build_policy(cfg, run.state, with_optimizer=True)
-        reference = frozen_copy(policy, cfg, run.state) if algo.kl_coef > 0 else None
+        policy = build_policy(cfg, procs.state, with_optimizer=True)
+        reference = frozen_copy(policy, cfg, procs.state) if algo.kl_coef > 0 else None
         # The engine claims its share of the device at construction: the trainer steps aside until it sleeps.
         timeshare = TimeShare.start(
-            partial(components.build_engine, cfg, run),
+            partial(components.build_engine, cfg, procs, run.dir),
             policy.optimizer,
             policy.ddp,
             reference,
             run.note_memory,
         )
-        engine, (engine_index, is_leader) = timeshare.engine, components.engine_role(run)
+        engine, (engine_index, is_leader) = timeshare.engine, components.engine_role(procs)
         task = components.build_task(cfg)
         pool = components.build_reward_pool(cfg, is_leader)
-        publisher = components.build_publisher(cfg, run, engine)
+        publisher = components.build_publisher(cfg, procs.layout, engine)
         refusals = RefusalPolicy(publisher, ro.on_refused_publication, ro.max_refused_publications)
-        checkpointer = components.build_checkpointer(cfg, run)
+        checkpointer = components.build_checkpointer(cfg, procs, run.name)
         save_every = components.checkpoint_interval(cfg)
-        start = components.resume(cfg, run, policy, reference, task)  # 0 unless a checkpoint is found
-        preemption = Preemption(run.state.cpu_group)
+        start = components.resume(cfg, procs, run, policy, reference, task)  # 0 unless a checkpoint is found
+        preemption = Preemption(procs.cpu_group)
     publisher.next_version = start + 1  # step s samples from version s + 1
     temp = components.trainer_temperature(ro)  # trainer log-probs follow the engine's convention
     if start >= cfg.steps:
@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         timeshare.to_train()  # the engine sleeps; the trainer takes the device back
 
         # 2. old-policy and reference log-probs of this DP rank's samples, before any update
-        plan = assign(len(samples), run.state.dp, algo.minibatches, cfg.seed, step)
-        mine = sorted(i for minibatch in plan for i in minibatch[run.state.dp_rank])
+        plan = assign(len(samples), procs.state.dp, algo.minibatches, cfg.seed, step)
+        mine = sorted(i for minibatch in plan for i in minibatch[procs.state.dp_rank])
         seqs, plens = [samples[i].sequence for i in mine], [samples[i].prompt_len for i in mine]
         with run.phase("old_logprobs"):
             old = dict(zip(mine, policy.logprobs(seqs, plens, temperature=temp)))
@@ -109,14 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         agreement = compare([samples[i] for i in mine], [old[i] for i in mine], ro.logprob_check_threshold)
 
         # 3. group-relative advantages (the KL folded into the rewards when the recipe says so)
-        kl = kl_sums(old, ref, algo.kl_estimator, run.dp_group) if algo.kl_in_reward and ref else None
+        kl = kl_sums(old, ref, algo.kl_estimator, procs.dp_group) if algo.kl_in_reward and ref else None
         adv = advantages_with_kl(samples, ro.samples_per_prompt, algo, ro.max_new_tokens, kl)
         keep = loss_mask_keep(samples, algo)
 
         # 4. k minibatches, one optimizer step each
         train_metrics = []
         for minibatch in plan:
-            idx = minibatch[run.state.dp_rank]
+            idx = minibatch[procs.state.dp_rank]
             everyone = [i for rank_share in minibatch for i in rank_share]
             loss_fn = grpo_loss_fn(
                 algo, ro.max_new_tokens, global_normaliser(samples, everyone, keep, algo.loss_agg)
@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         preempted = preemption.requested()
         checkpointer.poll()
         if components.save_due(save_every, cfg.steps, step + 1, preempted):
-            checkpointer.save(step + 1, policy, reference, components.run_state(cfg, run, task, step + 1))
+            checkpointer.save(
+                step + 1, policy, reference, components.run_state(cfg, procs.layout, task, step + 1)
+            )
         if preempted:
             break
 

@@ -79,6 +79,7 @@ def main(argv: list[str]) -> int:
 
     from megatron_rl.config.load import load_recipe
     from megatron_rl.layout import ParallelLayout
+    from megatron_rl.models.dtypes import hf_dtype_name
     from megatron_rl.models.spec import ModelSpec
     from megatron_rl.models.tiny import hf_config
     from megatron_rl.reshard.publish import Publisher
@@ -100,7 +101,7 @@ def main(argv: list[str]) -> int:
         load_hf_into(policy.model, spec, rc.model.hf_checkpoint, lay.tp, st.tp_rank, policy.padded_vocab)
     max_len = min(spec.max_position_embeddings, args.prompt_len + ro.max_new_tokens)
     model_dir = tempfile.TemporaryDirectory()  # config.json only; the publication brings the weights
-    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[spec.params_dtype]
+    dtype = hf_dtype_name(spec.params_dtype)
     hf_config(spec, dtype).save_pretrained(model_dir.name)
     engine = VLLMEngine(
         ro,

@@ -90,7 +90,7 @@ def _policy(spec, state, dtype=None, optim=True, mbs=2, recompute="none"):
 
 def _samples(spec, n_prompts=2, n=4, prompt_len=12, max_new=24, seed=0):
     """Scored samples as the loop holds them (rewards, engine log-probs), deterministic."""
-    from megatron_rl.loop.rl_batch import ScoredSample
+    from megatron_rl.rollout.types import Sample
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -100,7 +100,9 @@ def _samples(spec, n_prompts=2, n=4, prompt_len=12, max_new=24, seed=0):
             length = int(torch.randint(4, max_new + 1, (1,), generator=g))
             tokens = torch.randint(0, spec.vocab_size, (length,), generator=g).tolist()
             logprobs = (-3.0 * torch.rand(length, generator=g)).tolist()
-            out.append(ScoredSample(p, s, prompt, tokens, logprobs, False, 1, float(s % 2), "ok"))
+            out.append(
+                Sample(p, s, prompt, tokens, logprobs, "stop", False, 1, reward=float(s % 2), status="ok")
+            )
     return out
 
 
@@ -221,9 +223,9 @@ def check_ckpt(policy, reference, tmp: Path) -> dict:
     from megatron_rl.checkpoint.save import Checkpointer
     from megatron_rl.data.synthetic import ArithmeticTask
 
-    run = SimpleNamespace(rank=0, is_main=True)
+    procs = SimpleNamespace(rank=0, is_main=True)
     task = ArithmeticTask(seed=0)
-    saver = Checkpointer(tmp / "ckpt", run, keep_last=2, async_save=True)
+    saver = Checkpointer(tmp / "ckpt", procs, keep_last=2, async_save=True)
     run_state = {"step": 1, "version": 1, "task": task.state(), "world_size": dist.get_world_size()}
     want = {n: p.detach().clone() for n, p in policy.named_parameters_global()}
     t0 = time.perf_counter()
@@ -235,7 +237,7 @@ def check_ckpt(policy, reference, tmp: Path) -> dict:
         for _, p in policy.named_parameters_global():
             p.add_(1.0)
     reference.weights_to_device()
-    load(path, run, policy, reference, task)
+    load(path, procs.rank, policy, reference, task)
     err = max((p.detach() - want[n]).abs().max().item() for n, p in policy.named_parameters_global())
     return {"ok": err == 0.0 and path.exists(), "blocking_s": blocking, "max_abs_diff_after_load": err}
 

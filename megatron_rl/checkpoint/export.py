@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from megatron_rl.models.dtypes import hf_dtype_name, torch_dtype
 from megatron_rl.models.hf import megatron_full_to_hf, shard_kind, tp_unshard
 
 # One entry per tensor: (global name, full shape, dtype name), in the stage leader's order.
@@ -106,8 +107,8 @@ def write_hf(policy, out_dir: str | Path, dtype: str | None = None) -> Path | No
             hf.setdefault(k, v)  # tied embeddings: the first copy (the embedding) wins
     if spec.tie_word_embeddings:
         hf.pop("lm_head.weight", None)
-    torch_dtype = dtype or {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[spec.params_dtype]
-    tdtype = getattr(torch, torch_dtype)
+    hf_dtype = hf_dtype_name(dtype or spec.params_dtype)
+    tdtype = torch_dtype(hf_dtype)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(
@@ -115,6 +116,6 @@ def write_hf(policy, out_dir: str | Path, dtype: str | None = None) -> Path | No
         str(out / "model.safetensors"),
         metadata={"format": "pt"},
     )
-    hf_config(spec, torch_dtype).save_pretrained(out)
-    (out / "megatron_rl_export.json").write_text(json.dumps({"tensors": len(hf), "dtype": torch_dtype}))
+    hf_config(spec, hf_dtype).save_pretrained(out)
+    (out / "megatron_rl_export.json").write_text(json.dumps({"tensors": len(hf), "dtype": hf_dtype}))
     return out

@@ -75,8 +75,8 @@ def find(resume: str, root: Path) -> Path | None:
     return path
 
 
-def load(path: Path, run, policy, reference, task) -> dict:
-    """Load model, optimizer, reference, this rank's RNG and the run state. Returns the run state.
+def load(path: Path, rank: int, policy, reference, task) -> dict:
+    """Load model, optimizer, reference, the RNG of this `rank` and the run state. Returns the run state.
 
     `path` must have been verified (`find` does it): DCP unpickles `dist/.metadata` (integrity.py)."""
     from megatron.core import dist_checkpointing
@@ -91,7 +91,7 @@ def load(path: Path, run, policy, reference, task) -> dict:
         ref = {k.removeprefix("reference."): v for k, v in state["reference"].items()}
         reference.model.load_state_dict(ref)
     run_state = json.loads((path / "run_state.json").read_text())
-    rank_file = path / f"rank_{run.rank:05d}.pt"
+    rank_file = path / f"rank_{rank:05d}.pt"
     if run_state.get("world_size") == dist.get_world_size() and rank_file.exists():
         set_rng_state(load_rng_state(rank_file))
     else:

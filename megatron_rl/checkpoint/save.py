@@ -130,20 +130,19 @@ class Checkpointer:
     def __init__(
         self,
         root: Path,
-        run,
+        procs,
         keep_last: int = 2,
         keep_every: int = 0,
         async_save: bool = True,
         cpu_group=None,
     ):
-        """`cpu_group`: the gloo group for the host-side agreement (bytes to write, the space verdict,
-        barriers) -- `ParallelState.cpu_group`; when not given, `run.state.cpu_group` or, at save
+        """`procs`: this rank among the processes (loop/processes.py; `rank` and `is_main` are all a save
+        reads of it). `cpu_group`: the gloo group for the host-side agreement (bytes to write, the space
+        verdict, barriers) -- `ParallelState.cpu_group`; when not given, `procs.cpu_group` or, at save
         time, `policy.state.cpu_group`. Never the default group: on GPU that is NCCL, which refuses
         host tensors ("No backend type associated with device type cpu")."""
-        self.root, self.run = root, run
-        self.cpu_group = (
-            cpu_group if cpu_group is not None else getattr(getattr(run, "state", None), "cpu_group", None)
-        )
+        self.root, self.procs = root, procs
+        self.cpu_group = cpu_group if cpu_group is not None else getattr(procs, "cpu_group", None)
         self.keep_last, self.keep_every, self.async_save = keep_last, keep_every, async_save
         self._queue = None
         self._pending: tuple[Path, int] | None = None  # (directory, bytes) of the save in flight
@@ -159,13 +158,13 @@ class Checkpointer:
 
         self.wait()  # at most one save in flight
         t0 = time.perf_counter()
-        final, work, rank = step_dir(self.root, step), partial_dir(self.root, step), self.run.rank
+        final, work, rank = step_dir(self.root, step), partial_dir(self.root, step), self.procs.rank
         if self.cpu_group is None:
             self.cpu_group = getattr(getattr(policy, "state", None), "cpu_group", None)
         group = self.cpu_group
         state = sharded_state(policy, reference)
         needed = self._check_space(bytes_to_write(state))
-        if self.run.is_main:
+        if self.procs.is_main:
             shutil.rmtree(work, ignore_errors=True)  # an earlier attempt's leftovers, never loaded
             with self._disk_errors(work, needed):
                 (work / "dist").mkdir(parents=True)  # dist-checkpointing wants it to exist, empty
@@ -210,7 +209,7 @@ class Checkpointer:
         needed = int(t[0])
         # rank 0 compares the total with the checkpoint disk's free space; its verdict is shared
         verdict = torch.tensor(
-            [int(bool(t[1])) or int(self.run.is_main and _free(self.root) < needed)], device="cpu"
+            [int(bool(t[1])) or int(self.procs.is_main and _free(self.root) < needed)], device="cpu"
         )
         dist.all_reduce(verdict, op=dist.ReduceOp.MAX, group=group)
         if verdict.item():
@@ -234,7 +233,7 @@ class Checkpointer:
     def _complete(self, work: Path, final: Path, step: int, t0: float) -> None:
         """Runs on every rank once all ranks' shards are written; rank 0 seals the checkpoint and prunes."""
         self._pending = None
-        if self.run.is_main:
+        if self.procs.is_main:
             with self._disk_errors(work, 0):
                 manifest = write_manifest(work, step)
                 write_text(work / MARKER, json.dumps({"step": step, "seconds": time.perf_counter() - t0}))

@@ -7,8 +7,15 @@ import shutil
 import sys
 from pathlib import Path
 
-from megatron_rl.config.load import RecipeNotFound, load_recipe, resolve_recipe, shipped_recipes, to_yaml
-from megatron_rl.config.validate import ConfigError, validate_recipe
+from megatron_rl.check import check_recipe, notes, refused
+from megatron_rl.config.load import (
+    RecipeError,
+    RecipeNotFound,
+    load_recipe,
+    resolve_recipe,
+    shipped_recipes,
+    to_yaml,
+)
 
 
 def _parse(prog: str, argv: list[str], doc: str) -> argparse.Namespace:
@@ -21,10 +28,10 @@ def _parse(prog: str, argv: list[str], doc: str) -> argparse.Namespace:
 def _load(args) -> object:
     try:
         return load_recipe(args.recipe, args.overrides)
-    except RecipeNotFound as e:
+    except (RecipeNotFound, RecipeError) as e:
         print(f"error: {e}", file=sys.stderr)
-    except Exception as e:  # Hydra/OmegaConf: unknown key, wrong type, missing group option
-        print(f"error: recipe {args.recipe!r} does not compose: {e}", file=sys.stderr)
+    except OSError as e:  # a recipe path that is a folder, unreadable, ...
+        print(f"error: cannot read recipe {args.recipe!r}: {e}", file=sys.stderr)
     return None
 
 
@@ -45,11 +52,15 @@ def validate(argv: list[str]) -> int:
     recipe = _load(args)
     if recipe is None:
         return 2
-    try:
-        validate_recipe(recipe)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    # The driver's own check (megatron_rl/check.py); paths on the cluster's storage may be unreadable
+    # from here, so those are noted, and the driver refuses them before building anything.
+    problems = check_recipe(recipe)
+    if refused(problems, "validate"):
+        listed = "\n".join(f"  - {p}" for p in refused(problems, "validate"))
+        print(f"error: recipe {recipe.name!r} is invalid:\n{listed}", file=sys.stderr)
         return 1
+    for line in notes(problems, "validate"):
+        print(line, file=sys.stderr)
     from megatron_rl.checkpoint.store import fresh_start_conflict
     from megatron_rl.loop.names import run_name
 
@@ -82,12 +93,26 @@ def cp(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     dest_dir = Path(args.dir)
-    dest_dir.mkdir(parents=True, exist_ok=True)
+    if dest_dir.exists() and not dest_dir.is_dir():
+        print(
+            f"error: {dest_dir} is a file; cp takes a folder (the copy is named {src.name} inside it)",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        dest_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"error: cannot create folder {dest_dir}: {e}", file=sys.stderr)
+        return 1
     dest = dest_dir / src.name
     if dest.exists() and not args.force:
         print(f"error: {dest} exists; pass --force to overwrite it", file=sys.stderr)
         return 1
-    shutil.copyfile(src, dest)
+    try:
+        shutil.copyfile(src, dest)
+    except OSError as e:
+        print(f"error: cannot write {dest}: {e}", file=sys.stderr)
+        return 1
     print(f"copied {src} -> {dest}\nedit it, then: megatron-rl validate {dest}")
     return 0
 

@@ -4,7 +4,7 @@ Each group under `conf/` (model, layout, algorithm, rollout, reward, data, optim
 logger, cluster, plan) is backed by one dataclass here. Hydra merges YAML into these structured
 configs, so an unknown key or a wrong type fails at load time with the key's full path, long
 before any process allocates model memory. Cross-field checks (divisibility, world size, memory
-fit) live in `validate.py`.
+fit) live in `megatron_rl/check.py`, and every numeric key here has its range there.
 """
 
 from __future__ import annotations

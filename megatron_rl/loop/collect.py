@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from megatron_rl.loop.rl_batch import ScoredSample
+from megatron_rl.rollout.types import Sample
 
 
 @dataclass
@@ -45,7 +45,7 @@ def generate_and_score(
     timer,
     stats: CollectStats,
     call_id: int,
-) -> list[ScoredSample]:
+) -> list[Sample]:
     """This engine's samples, scored (only the engine's leader returns them; other TP ranks get [])."""
     pending: dict[tuple[int, int], object] = {}
     t0 = time.perf_counter()
@@ -74,12 +74,13 @@ def generate_and_score(
         r = results[key]
         stats.scoring_busy_s += r.seconds
         out.append(
-            ScoredSample(
+            Sample(
                 prompt_index=key[0],
                 sample_index=key[1],
                 prompt_ids=list(s.prompt_ids),
                 token_ids=list(s.token_ids),
                 logprobs=list(s.logprobs),
+                finish_reason=s.finish_reason,
                 truncated=bool(s.truncated),
                 version=s.version,
                 reward=float(r.reward),
@@ -90,17 +91,17 @@ def generate_and_score(
     return out
 
 
-def gather_all(local: list[ScoredSample]) -> list[ScoredSample]:
+def gather_all(local: list[Sample]) -> list[Sample]:
     """Every rank's scored samples on every rank, prompt-major (the order group advantages need)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
-        parts: list[list[ScoredSample] | None] = [None] * dist.get_world_size()
+        parts: list[list[Sample] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(parts, local)
         local = [s for p in parts for s in (p or [])]
     return sorted(local, key=lambda s: (s.prompt_index, s.sample_index))
 
 
-def _groups(samples: list[ScoredSample]) -> list[list[ScoredSample]]:
-    out: dict[int, list[ScoredSample]] = {}
+def _groups(samples: list[Sample]) -> list[list[Sample]]:
+    out: dict[int, list[Sample]] = {}
     for s in samples:
         out.setdefault(s.prompt_index, []).append(s)
     return [out[k] for k in sorted(out)]
@@ -118,8 +119,8 @@ def collect_batch(cfg, engine, engine_index: int, is_leader: bool, task, pool, t
 
     algo, n, target = cfg.algorithm, cfg.rollout.samples_per_prompt, cfg.data.prompts_per_step
     stats = CollectStats()
-    kept: list[list[ScoredSample]] = []
-    spare: list[list[ScoredSample]] = []
+    kept: list[list[Sample]] = []
+    spare: list[list[Sample]] = []
     drawn, rounds, want = 0, 0, target
     while want > 0:
         prompts = task.draw(want)

@@ -14,35 +14,13 @@ is the same on every rank and after a resume.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from megatron_rl.algorithms import group_advantages, loss_normalizer, overlong_penalty
+from megatron_rl.rollout.types import Sample
 
 
-@dataclass
-class ScoredSample:
-    prompt_index: int  # global prompt index within the step
-    sample_index: int
-    prompt_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]  # the engine's, under the rollout convention
-    truncated: bool
-    version: int
-    reward: float
-    status: str
-
-    @property
-    def sequence(self) -> list[int]:
-        return self.prompt_ids + self.token_ids
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt_ids)
-
-
-def shaped_rewards(samples: list[ScoredSample], algo, max_new_tokens: int) -> torch.Tensor:
+def shaped_rewards(samples: list[Sample], algo, max_new_tokens: int) -> torch.Tensor:
     """Rewards [G], with the over-long length penalty added when the recipe asks for it."""
     r = torch.tensor([s.reward for s in samples], dtype=torch.float32, device="cpu")
     if algo.overlong == "penalty" and algo.overlong_penalty_tokens > 0:
@@ -64,12 +42,12 @@ def assign(num_samples: int, dp: int, minibatches: int, seed: int, step: int) ->
     return out
 
 
-def loss_mask_keep(samples: list[ScoredSample], algo) -> list[float]:
+def loss_mask_keep(samples: list[Sample], algo) -> list[float]:
     """Per-sample 0/1: over-long (truncated) samples are left out of the loss with overlong=mask."""
     return [0.0 if (algo.overlong == "mask" and s.truncated) else 1.0 for s in samples]
 
 
-def global_normaliser(samples: list[ScoredSample], indices: list[int], keep: list[float], mode: str) -> float:
+def global_normaliser(samples: list[Sample], indices: list[int], keep: list[float], mode: str) -> float:
     """The minibatch's loss denominator over all DP ranks (tokens or sequences with a valid token)."""
     lengths = [len(samples[i].token_ids) if keep[i] else 0 for i in indices]
     mask = torch.zeros(len(indices), max(max(lengths, default=1), 1), device="cpu")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 from megatron_rl.loop.collect import CollectStats
-from megatron_rl.loop.rl_batch import ScoredSample
+from megatron_rl.rollout.types import Sample
 
 
 def _mean(xs: list[float]) -> float:
@@ -29,7 +29,7 @@ def generation_tail_seconds(finish_s: list[float], call_s: float) -> float:
     return max(0.0, call_s - sum(finish_s) / len(finish_s))
 
 
-def trainer_flops(spec, samples: list[ScoredSample], forwards: int) -> float:
+def trainer_flops(spec, samples: list[Sample], forwards: int) -> float:
     """Model FLOPs of the trainer's step: `forwards` forward passes (3 per trained pass: forward and
     backward; 1 per log-prob pass) over every sequence, matmuls 2·P per token and causal attention
     2·L·q·S·(S+1) per sequence (the planner's convention, plan/flops.py)."""
@@ -42,7 +42,7 @@ def trainer_flops(spec, samples: list[ScoredSample], forwards: int) -> float:
 
 
 def step_metrics(
-    samples: list[ScoredSample], stats: CollectStats, agreement: dict, train: list[dict], publication, run
+    samples: list[Sample], stats: CollectStats, agreement: dict, train: list[dict], publication, run
 ) -> dict:
     rewards = [s.reward for s in samples]
     gen_tokens = sum(len(s.token_ids) for s in samples)

@@ -13,9 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from megatron_rl.layout import ParallelLayout
+from megatron_rl.models.dtypes import recipe_dtype, torch_dtype
 from megatron_rl.models.spec import ModelSpec
-
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def transformer_engine_available() -> bool:
@@ -31,8 +30,8 @@ def transformer_config(spec: ModelSpec, par: ParallelLayout, dtype: str | None =
     recompute and PP split."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    dtype = dtype or spec.params_dtype
-    tdtype = TORCH_DTYPES[dtype]
+    dtype = recipe_dtype(dtype or spec.params_dtype)
+    tdtype = torch_dtype(dtype)
     kwargs = dict(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,

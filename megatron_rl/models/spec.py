@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+from megatron_rl.models.dtypes import dtype_bytes
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+FAMILIES = ("llama", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class ModelSpec:
 
     @property
     def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.params_dtype]
+        return dtype_bytes(self.params_dtype, "model.params_dtype")
 
     def padded_vocab(self, tp: int) -> int:
         """Vocabulary rows after megatron's padding: a multiple of divisible_by x TP."""

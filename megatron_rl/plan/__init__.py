@@ -15,7 +15,8 @@ cut, memory per GPU, checkpoints and failures, and ranks the layouts of the GPU 
     cycle.py        phase times on a layout, serial vs overlapped, colocated vs separated splits
     search.py       every layout of a GPU count, ranked, with the reason each rejected one fails
     calibrate.py    measured step records -> calibrated phases and "what if we separate the pools"
-    report.py       the plan as a dict (--json); render.py as text; plot.py as a Gantt PNG
+    report.py       the plan as typed data (report_types.py; --json via to_json()); render.py as text;
+                    plot.py as a Gantt PNG
     cli.py          `megatron-rl plan`
 """
 

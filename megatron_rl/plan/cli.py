@@ -12,7 +12,7 @@ import sys
 
 from megatron_rl.plan.calibrate import calibrate, read_steps, summarize
 from megatron_rl.plan.cycle import cycle
-from megatron_rl.plan.inputs import PlanError, inputs_from_recipe, layout_from_recipe
+from megatron_rl.plan.inputs import PlanError, inputs_from_recipe
 from megatron_rl.plan.render import render
 from megatron_rl.plan.report import build_report
 
@@ -51,10 +51,9 @@ def _clean(x):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from megatron_rl.config.load import RecipeNotFound, load_recipe
+    from megatron_rl.check import check_recipe, refused
+    from megatron_rl.config.load import RecipeError, RecipeNotFound, load_recipe
+    from megatron_rl.layout import ParallelLayout
 
     if args.recipe is not None and "=" in args.recipe:  # an override, not a recipe name
         args.overrides, args.recipe = [args.recipe, *args.overrides], None
@@ -69,13 +68,19 @@ def main(argv: list[str] | None = None) -> int:
             recipe = recipe_of_run(args.from_steps)
         else:
             recipe = load_recipe(args.recipe, args.overrides)
+        # The driver's own check; the planner still sizes layouts the driver cannot run yet (separated,
+        # asynchronous) and memory that does not fit (the report shows where it goes).
+        problems = refused(check_recipe(recipe), "plan")
+        if problems:
+            listed = "\n".join(f"  - {p}" for p in problems)
+            raise PlanError(f"recipe {recipe.name!r} is invalid (megatron-rl validate):\n{listed}")
         inp = inputs_from_recipe(recipe)
-        layout = layout_from_recipe(recipe)
+        layout = ParallelLayout.from_config(recipe.layout)
         cal = None
         if args.from_steps:
             cal = calibrate(inp, layout, cycle(inp, layout), summarize(read_steps(args.from_steps)))
         report = build_report(inp, layout, calibration=cal, with_search=not args.no_search, top=args.top)
-    except (PlanError, RecipeNotFound, HydraException, OmegaConfBaseException) as e:
+    except (PlanError, RecipeNotFound, RecipeError) as e:
         print(f"megatron-rl plan: {e}", file=sys.stderr)
         return 2
     if args.plot:
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
         gantt(report, args.plot)
     if args.json:
-        print(json.dumps(_clean(report), indent=2))
+        print(json.dumps(_clean(report.to_json()), indent=2))
     else:
         print(render(report), end="")
         if args.plot:

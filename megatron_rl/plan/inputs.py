@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_rl.layout import RECOMPUTE_MODES, ParallelLayout
 from megatron_rl.models.spec import ModelSpec
 from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 
@@ -142,68 +141,11 @@ class PlanInputs:
         return self.spec.kv_bytes_per_token()
 
 
-def _positive(value, key: str, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise PlanError(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}; set it in the recipe")
-
-
 def inputs_from_recipe(recipe) -> PlanInputs:
-    """Read and check the planner's numbers from a `RecipeConfig`; bad values fail with the key."""
+    """The planner's numbers from a `RecipeConfig` that has passed the one recipe check
+    (megatron_rl/check.py, which `megatron-rl plan` runs first): values are not re-checked here."""
     spec = ModelSpec.from_config(recipe.model)
     d, r, c, p = recipe.data, recipe.rollout, recipe.cluster, recipe.plan
-    for key, value in [
-        ("data.prompts_per_step", d.prompts_per_step),
-        ("data.prompt_tokens", d.prompt_tokens),
-        ("rollout.samples_per_prompt", r.samples_per_prompt),
-        ("rollout.mean_completion_tokens", r.mean_completion_tokens),
-        ("rollout.max_new_tokens", r.max_new_tokens),
-        ("algorithm.minibatches", recipe.algorithm.minibatches),
-        ("optim.micro_batch_size", recipe.optim.micro_batch_size),
-        ("reward.pool_cores", recipe.reward.pool_cores),
-        ("cluster.nodes", c.nodes),
-        ("cluster.gpus_per_node", c.gpus_per_node),
-        ("cluster.gpu_memory_gib", c.gpu_memory_gib),
-        ("cluster.hbm_bandwidth_tbps", c.hbm_bandwidth_tbps),
-        ("cluster.peak_tflops_bf16", c.peak_tflops_bf16),
-        ("cluster.nvlink_gbps", c.nvlink_gbps),
-        ("cluster.ib_gbps_per_nic", c.ib_gbps_per_nic),
-        ("cluster.nics_per_node", c.nics_per_node),
-        ("cluster.storage_gbps", c.storage_gbps),
-        ("cluster.node_mtbf_days", c.node_mtbf_days),
-        ("plan.target_steps", p.target_steps),
-        ("plan.target_hours", p.target_hours),
-    ]:
-        _positive(value, key)
-    _positive(recipe.reward.seconds_per_sample, "reward.seconds_per_sample", allow_zero=True)
-    for key, value in [
-        ("plan.train_mfu", p.train_mfu),
-        ("plan.generation_bw_fraction", p.generation_bw_fraction),
-        ("rollout.gpu_memory_utilization", r.gpu_memory_utilization),
-    ]:
-        if not 0.0 < value <= 1.0:
-            raise PlanError(f"{key}={value} must be a fraction in (0, 1]")
-    if r.mean_completion_tokens > r.max_new_tokens:
-        raise PlanError(
-            f"rollout.mean_completion_tokens={r.mean_completion_tokens} exceeds rollout.max_new_tokens="
-            f"{r.max_new_tokens}: the mean cannot be above the cap; lower the mean or raise the cap"
-        )
-    if d.prompt_tokens > d.max_prompt_tokens:
-        raise PlanError(
-            f"data.prompt_tokens={d.prompt_tokens} exceeds data.max_prompt_tokens={d.max_prompt_tokens}"
-        )
-    longest = d.max_prompt_tokens + r.max_new_tokens
-    if longest > recipe.model.max_position_embeddings:
-        raise PlanError(
-            f"data.max_prompt_tokens + rollout.max_new_tokens = {longest} exceeds "
-            f"model.max_position_embeddings={recipe.model.max_position_embeddings}; lower the caps"
-        )
-    if recipe.checkpoint.interval < -1:
-        raise PlanError(
-            f"checkpoint.interval={recipe.checkpoint.interval}: use N > 0 steps, -1 for the Young/Daly "
-            "interval, or 0 for never"
-        )
-    for key in ("publish_pack_s", "publish_install_s", "publish_validate_s"):
-        _positive(getattr(p, key), f"plan.{key}", allow_zero=True)
     work = Workload(
         prompts=d.prompts_per_step,
         samples_per_prompt=r.samples_per_prompt,
@@ -247,39 +189,3 @@ def inputs_from_recipe(recipe) -> PlanInputs:
         reference=recipe.algorithm.reference,
     )
     return PlanInputs(name=recipe.name, spec=spec, work=work, hw=hw, assume=assume)
-
-
-def layout_from_recipe(recipe) -> ParallelLayout:
-    """The recipe's own layout; a separated one takes its engine GPUs from `layout.engine_gpus`."""
-    lay = recipe.layout
-    if lay.placement not in ("colocated", "separated"):
-        raise PlanError(f"layout.placement={lay.placement!r} must be 'colocated' or 'separated'")
-    if lay.synchrony not in ("sync", "one_step_async"):
-        raise PlanError(f"layout.synchrony={lay.synchrony!r} must be 'sync' or 'one_step_async'")
-    if lay.recompute not in RECOMPUTE_MODES:
-        raise PlanError(f"layout.recompute={lay.recompute!r} must be one of {RECOMPUTE_MODES}")
-    for key in ("tp", "pp", "dp", "cp", "engine_tp", "engine_count"):
-        _positive(getattr(lay, key), f"layout.{key}")
-    out = ParallelLayout.from_config(lay)
-    if out.pp_layers and (len(out.pp_layers) != out.pp or sum(out.pp_layers) != recipe.model.num_layers):
-        raise PlanError(
-            f"layout.pp_layers={list(out.pp_layers)} must have layout.pp={out.pp} entries summing to "
-            f"model.num_layers={recipe.model.num_layers}"
-        )
-    if out.colocated and out.trainer_gpus != out.engine_gpus:
-        raise PlanError(
-            f"colocated layout: trainer tp*pp*dp*cp={out.trainer_gpus} must equal engine_tp*engine_count="
-            f"{out.engine_gpus} (every GPU holds a trainer shard and an engine shard)"
-        )
-    if not out.colocated and lay.engine_gpus and lay.engine_gpus != out.engine_gpus:
-        raise PlanError(
-            f"separated layout: layout.engine_gpus={lay.engine_gpus} but engine_tp*engine_count="
-            f"{out.engine_gpus}; make them agree"
-        )
-    gpus = recipe.cluster.nodes * recipe.cluster.gpus_per_node
-    if out.gpus > gpus:
-        raise PlanError(
-            f"the layout needs {out.gpus} GPUs but the cluster has {gpus} "
-            f"(cluster.nodes x cluster.gpus_per_node); shrink dp/engine_count or add nodes"
-        )
-    return out

@@ -249,10 +249,10 @@ def memory_per_gpu(recipe) -> dict:
     Returns {"trainer": {...parts, "total"}, "engine": {...parts, "total"}, "trainer_per_gpu",
     "engine_per_gpu", "peak_per_gpu", "gpu_memory_gib", "activations_by_recompute", "fits", "reasons"}.
     """
-    from megatron_rl.plan.inputs import inputs_from_recipe, layout_from_recipe
+    from megatron_rl.plan.inputs import inputs_from_recipe
 
     inp = inputs_from_recipe(recipe)
-    layout = layout_from_recipe(recipe)
+    layout = ParallelLayout.from_config(recipe.layout)
     fit = memory_fit(inp, layout)
     trainer = _gib({k: v for k, v in fit["trainer"].items()})
     engine = _gib({k: v for k, v in fit["engine"].items() if k != "kv_bytes_per_token_per_gpu"})

@@ -1,6 +1,11 @@
-"""The plan as text: every number with its unit, sections in the order a reader asks them."""
+"""The plan as text: every number with its unit, sections in the order a reader asks them.
+
+One function per section, each reading the typed PlanReport (report_types.py) and returning its lines.
+"""
 
 from __future__ import annotations
+
+from megatron_rl.plan.report_types import PlanReport
 
 PF = 1e15
 GB = 1e9
@@ -30,281 +35,294 @@ def _rows(rows: list[tuple], indent: str = "   ", left: int = 1) -> list[str]:
     return out
 
 
-def render(r: dict) -> str:
-    m, c, a, t = r["model"], r["cluster"], r["assumptions"], r["tokens"]
-    g, sec, gs, fl = r["generation"], r["seconds"], r["gpu_seconds"], r["flops"]
-    lay = r["layout"]
-    L: list[str] = []
-    L.append(
-        f"megatron-rl plan  {r['recipe']}" + ("  (calibrated with measured steps)" if r["calibrated"] else "")
-    )
-    L.append(
+def _header(r: PlanReport) -> list[str]:
+    m, c, a = r.model, r.cluster, r.assumptions
+    b = r.kv_bytes_per_token
+    return [
+        f"megatron-rl plan  {r.recipe}" + ("  (calibrated with measured steps)" if r.calibrated else ""),
         "Units: bytes that move in decimal GB (1e9 B) and GB/s; memory held in GiB (2^30 B); "
-        "InfiniBand Gb/s / 8 = GB/s; compute in PFLOP (1e15 FLOP); time in seconds."
-    )
-    L.append("")
-    b = r["kv_bytes_per_token"]
-    L.append(
-        f"Model    {m['name']}: {_count(m['params'])} params ({_count(m['matmul_params'])} in matmuls), "
-        f"{m['dtype']}: weights {_f(r['weights_bytes'] / GB, 2)} GB"
-    )
-    L.append(
-        f"         KV cache {b:,} B/token = 2 x {m['layers']} layers x {m['kv_heads']} KV heads x "
-        f"{m['head_dim']} x {b // (2 * m['layers'] * m['kv_heads'] * m['head_dim'])} B"
-    )
-    L.append(
-        f"Cluster  {c['nodes']} nodes x {c['gpus_per_node']} = {c['gpus']} GPUs; {c['gpu_memory_gib']:.0f} GiB, "
-        f"HBM {_f(c['hbm_gbps'], 0)} GB/s, {c['peak_tflops']:,.4g} TFLOPS bf16 dense; NVLink "
-        f"{_f(c['nvlink_gbps'], 0)} GB/s; IB {_f(c['node_ib_gbps'], 0)} GB/s per node; storage "
-        f"{_f(c['storage_gbps'], 0)} GB/s; node MTBF {c['node_mtbf_days']:g} days"
-    )
-    L.append(f"Layout   {lay['describe']} ({lay['synchrony']})")
-    L.append(
-        f"Assume   training at {a['train_mfu']:.0%} of peak compute; generation at "
-        f"{a['generation_bw_fraction']:.0%} of peak HBM bandwidth; prefix sharing "
-        f"{'on' if a['prefix_sharing'] else 'off'}; runtime {a['trainer_runtime_gib']:g} GiB trainer / "
-        f"{a['engine_runtime_gib']:g} GiB engine per GPU; TP all-reduce {a['decode_allreduce_latency_s'] * 1e6:g} us; "
-        f"host link {a['host_link_gbps']:g} GB/s; restart {a['restart_s']:.0f} s"
-    )
+        "InfiniBand Gb/s / 8 = GB/s; compute in PFLOP (1e15 FLOP); time in seconds.",
+        "",
+        f"Model    {m.name}: {_count(m.params)} params ({_count(m.matmul_params)} in matmuls), "
+        f"{m.dtype}: weights {_f(r.weights_bytes / GB, 2)} GB",
+        f"         KV cache {b:,} B/token = 2 x {m.layers} layers x {m.kv_heads} KV heads x "
+        f"{m.head_dim} x {b // (2 * m.layers * m.kv_heads * m.head_dim)} B",
+        f"Cluster  {c.nodes} nodes x {c.gpus_per_node} = {c.gpus} GPUs; {c.gpu_memory_gib:.0f} GiB, "
+        f"HBM {_f(c.hbm_gbps, 0)} GB/s, {c.peak_tflops:,.4g} TFLOPS bf16 dense; NVLink "
+        f"{_f(c.nvlink_gbps, 0)} GB/s; IB {_f(c.node_ib_gbps, 0)} GB/s per node; storage "
+        f"{_f(c.storage_gbps, 0)} GB/s; node MTBF {c.node_mtbf_days:g} days",
+        f"Layout   {r.layout.describe} ({r.layout.synchrony})",
+        f"Assume   training at {a.train_mfu:.0%} of peak compute; generation at "
+        f"{a.generation_bw_fraction:.0%} of peak HBM bandwidth; prefix sharing "
+        f"{'on' if a.prefix_sharing else 'off'}; runtime {a.trainer_runtime_gib:g} GiB trainer / "
+        f"{a.engine_runtime_gib:g} GiB engine per GPU; TP all-reduce {a.decode_allreduce_latency_s * 1e6:g} us; "
+        f"host link {a.host_link_gbps:g} GB/s; restart {a.restart_s:.0f} s",
+    ]
 
-    L += ["", f"1. Tokens per step: {t['sequences']:,} sequences"]
-    ps = t["per_sample"]
-    L += _rows(
+
+def _tokens(r: PlanReport) -> list[str]:
+    t = r.tokens
+    ps = t.per_sample
+    return ["", f"1. Tokens per step: {t.sequences:,} sequences"] + _rows(
         [
-            (
-                "prompt",
-                f"{ps['prompt']:,} per sample",
-                f"{t['prompt']:,}",
-                f"({t['prompt_unique']:,} unique)",
-            ),
-            (
-                "completion",
-                f"{ps['completion']:,} mean, cap {ps['completion_cap']:,}",
-                f"{t['completion']:,}",
-                "",
-            ),
-            ("trained", f"{ps['prompt'] + ps['completion']:,} per sequence", f"{t['trained']:,}", ""),
+            ("prompt", f"{ps.prompt:,} per sample", f"{t.prompt:,}", f"({t.prompt_unique:,} unique)"),
+            ("completion", f"{ps.completion:,} mean, cap {ps.completion_cap:,}", f"{t.completion:,}", ""),
+            ("trained", f"{ps.prompt + ps.completion:,} per sequence", f"{t.trained:,}", ""),
         ]
     )
 
-    rate = c["peak_tflops"] * a["train_mfu"]
-    L += ["", f"2. Compute (GPU-seconds at {a['train_mfu']:.0%} MFU = {rate:,.4g} TFLOPS per GPU)"]
+
+def _compute(r: PlanReport) -> list[str]:
+    fl, gs, a = r.flops, r.gpu_seconds, r.assumptions
+    rate = r.cluster.peak_tflops * a.train_mfu
     rows = [
-        ("policy training (6·P + attention)", f"{_f(fl['train'] / PF)} PFLOP", f"{_f(gs['train'], 0)} GPU-s"),
-        ("old-policy forward (2·P + attention)", f"{_f(fl['old_logprobs'] / PF)} PFLOP", ""),
-        ("reference forward (2·P + attention)", f"{_f(fl['ref_logprobs'] / PF)} PFLOP", ""),
+        ("policy training (6·P + attention)", f"{_f(fl.train / PF)} PFLOP", f"{_f(gs.train, 0)} GPU-s"),
+        ("old-policy forward (2·P + attention)", f"{_f(fl.old_logprobs / PF)} PFLOP", ""),
+        ("reference forward (2·P + attention)", f"{_f(fl.ref_logprobs / PF)} PFLOP", ""),
         (
             "log-prob forwards together",
-            f"{_f(fl['logprob_forwards'] / PF)} PFLOP",
-            f"{_f(gs['logprob_forwards'], 0)} GPU-s",
+            f"{_f(fl.logprob_forwards / PF)} PFLOP",
+            f"{_f(gs.logprob_forwards, 0)} GPU-s",
         ),
     ]
-    if fl["train_recompute_extra"]:
+    if fl.train_recompute_extra:
         rows.append(
             (
-                f"{lay['recompute']} recompute (extra)",
-                f"{_f(fl['train_recompute_extra'] / PF)} PFLOP",
-                f"{_f(gs['train_recompute_extra'], 0)} GPU-s",
+                f"{r.layout.recompute} recompute (extra)",
+                f"{_f(fl.train_recompute_extra / PF)} PFLOP",
+                f"{_f(gs.train_recompute_extra, 0)} GPU-s",
             )
         )
-    L += _rows(rows)
+    return ["", f"2. Compute (GPU-seconds at {a.train_mfu:.0%} MFU = {rate:,.4g} TFLOPS per GPU)"] + _rows(
+        rows
+    )
 
-    bw = c["hbm_gbps"] * a["generation_bw_fraction"]
-    L += [
+
+def _generation(r: PlanReport) -> list[str]:
+    g, gs, b = r.generation, r.gpu_seconds, r.kv_bytes_per_token
+    bw = r.cluster.hbm_gbps * r.assumptions.generation_bw_fraction
+    ctx = g.kv_bytes_per_step / max(1, g.concurrent_sequences) / b
+    idle = 1 - gs.generation / gs.generation_held if gs.generation_held else 0.0
+    return [
         "",
-        f"3. Generation ({g['engines']} engines x TP{g['engine_tp']}; {_f(bw, 0)} GB/s per GPU assumed)",
+        f"3. Generation ({g.engines} engines x TP{g.engine_tp}; {_f(bw, 0)} GB/s per GPU assumed)",
+        f"   bytes per decode step  {_f(g.bytes_per_decode_step / GB, 2)} GB per engine = weights "
+        f"{_f(g.weights_bytes_per_step / GB, 2)} + KV {_f(g.kv_bytes_per_step / GB, 2)} "
+        f"({g.concurrent_sequences} sequences x {ctx:,.0f} tokens of context x {b:,} B)",
+        f"   prefill                {_f(g.prefill_flops_shared / PF)} PFLOP with prefix sharing, "
+        f"{_f(g.prefill_flops_unshared / PF)} without; {_f(g.prefill_s, 2)} s, {_f(gs.prefill, 0)} GPU-s",
+        f"   KV capacity            {g.kv_tokens_per_engine:,} tokens per engine -> "
+        f"{g.concurrent_sequences} concurrent sequences at the mean context "
+        f"({g.kv_tokens_per_sequence:,.0f} tokens; {g.concurrent_at_cap} at the cap); "
+        f"{g.sequences_per_engine} per engine to generate",
+        f"   decode                 bulk {g.bulk_decode_steps:,} steps {_f(g.bulk_decode_s)} s"
+        f"{' (compute-bound)' if g.compute_bound else ''}, then the tail to {g.decode_steps:,} steps "
+        f"{_f(g.tail_s)} s",
+        f"   longest completion     {_f(r.seconds.longest_completion_floor)} s sequential decode floor "
+        f"({r.tokens.per_sample.completion_cap:,} tokens, one per step)",
+        f"   wall {_f(g.wall_s)} s; GPU-seconds {_f(gs.generation, 0)} of work, "
+        f"{_f(gs.generation_held, 0)} held ({idle:.0%} idle in the tail)",
     ]
-    ctx = g["kv_bytes_per_step"] / max(1, g["concurrent_sequences"]) / b
-    L.append(
-        f"   bytes per decode step  {_f(g['bytes_per_decode_step'] / GB, 2)} GB per engine = weights "
-        f"{_f(g['weights_bytes_per_step'] / GB, 2)} + KV {_f(g['kv_bytes_per_step'] / GB, 2)} "
-        f"({g['concurrent_sequences']} sequences x {ctx:,.0f} tokens of context x {b:,} B)"
-    )
-    L.append(
-        f"   prefill                {_f(g['prefill_flops_shared'] / PF)} PFLOP with prefix sharing, "
-        f"{_f(g['prefill_flops_unshared'] / PF)} without; {_f(g['prefill_s'], 2)} s, {_f(gs['prefill'], 0)} GPU-s"
-    )
-    L.append(
-        f"   KV capacity            {g['kv_tokens_per_engine']:,} tokens per engine -> "
-        f"{g['concurrent_sequences']} concurrent sequences at the mean context "
-        f"({g['kv_tokens_per_sequence']:,.0f} tokens; {g['concurrent_at_cap']} at the cap); "
-        f"{g['sequences_per_engine']} per engine to generate"
-    )
-    L.append(
-        f"   decode                 bulk {g['bulk_decode_steps']:,} steps {_f(g['bulk_decode_s'])} s"
-        f"{' (compute-bound)' if g['compute_bound'] else ''}, then the tail to {g['decode_steps']:,} steps "
-        f"{_f(g['tail_s'])} s"
-    )
-    L.append(
-        f"   longest completion     {_f(sec['longest_completion_floor'])} s sequential decode floor "
-        f"({r['tokens']['per_sample']['completion_cap']:,} tokens, one per step)"
-    )
-    idle = 1 - gs["generation"] / gs["generation_held"] if gs["generation_held"] else 0.0
-    L.append(
-        f"   wall {_f(g['wall_s'])} s; GPU-seconds {_f(gs['generation'], 0)} of work, "
-        f"{_f(gs['generation_held'], 0)} held ({idle:.0%} idle in the tail)"
-    )
 
-    s = r["scoring"]
-    L += ["", "4. Scoring (CPU pool)"]
-    L.append(
-        f"   {t['sequences']:,} samples -> {_f(s['core_seconds'], 0)} core-s: {s['serial_s']:.1f} s in "
-        f"{s['waves']} waves unstreamed; streamed, {sec['scoring_hidden']:.1f} s hide behind generation and "
-        f"{sec['scoring_exposed']:.1f} s are exposed"
-    )
 
-    L += ["", "5. Cycle (seconds per step)"]
-    ph = r["phases_s"]
+def _scoring(r: PlanReport) -> list[str]:
+    s, sec = r.scoring, r.seconds
+    return [
+        "",
+        "4. Scoring (CPU pool)",
+        f"   {r.tokens.sequences:,} samples -> {_f(s.core_seconds, 0)} core-s: {s.serial_s:.1f} s in "
+        f"{s.waves} waves unstreamed; streamed, {sec.scoring_hidden:.1f} s hide behind generation and "
+        f"{sec.scoring_exposed:.1f} s are exposed",
+    ]
+
+
+def _cycle(r: PlanReport) -> list[str]:
+    sec, gs, ov = r.seconds, r.gpu_seconds, r.overlap
     labels = {"scoring": "scoring (exposed)", "switch": "switch (host offload)", "other": "other (measured)"}
-    L += _rows([(labels.get(n, n), _f(v)) for n, v in ph.items()])
-    L.append(f"   serial cycle              {_f(sec['serial_cycle'])} s")
-    busy = gs["step_work"] / gs["step_held"] if gs["step_held"] else 0.0
+    L = ["", "5. Cycle (seconds per step)"]
+    L += _rows([(labels.get(n, n), _f(v)) for n, v in r.phases_s.items()])
+    L.append(f"   serial cycle              {_f(sec.serial_cycle)} s")
+    busy = gs.step_work / gs.step_held if gs.step_held else 0.0
     L.append(
-        f"   GPU-seconds per step      {_f(gs['step_held'], 0)} held, {_f(gs['step_work'], 0)} of them work "
+        f"   GPU-seconds per step      {_f(gs.step_held, 0)} held, {_f(gs.step_work, 0)} of them work "
         f"({busy:.0%} busy at the assumed efficiencies; the rest waits: on the longest completion, the "
         "CPU pool, host offloads)"
     )
-    ov = r["overlap"]
-    if not ov:
+    if ov is None:
         L.append(
             "   overlapped steady state   none: no separated split of these GPUs fits this layout's "
             "TP x PP and engine TP (see the search)"
         )
     else:
         L.append(
-            f"   overlapped steady state   {_f(ov['overlapped_s'])} s = max(collection {_f(ov['collection_s'])}, "
-            f"learning {_f(ov['learning_s'])}) on {ov['layout']}"
+            f"   overlapped steady state   {_f(ov.overlapped_s)} s = max(collection {_f(ov.collection_s)}, "
+            f"learning {_f(ov.learning_s)}) on {ov.describe}"
         )
-    how = "calibrated with the measured phases" if r["calibrated"] else "predicted"
+    how = "calibrated with the measured phases" if r.calibrated else "predicted"
     L.append(f"   colocated vs separated on all GPUs, {how} (GPU x seconds per step):")
     L += _rows(
         [("layout", "step s", "GPU-s", "fits")]
         + [
-            (row["layout"], _f(row["step_s"]), _f(row["gpu_seconds"], 0), "yes" if row["fits"] else "no")
-            for row in r["splits"]
+            (row.describe, _f(row.step_s), _f(row.gpu_seconds, 0), "yes" if row.fits else "no")
+            for row in r.splits
         ],
         indent="     ",
     )
+    return L
 
-    p = r["publication"]
-    sch = p["schemes"]
-    L += ["", f"6. Weight publication: {_f(p['bytes'] / GB, 2)} GB per engine replica"]
-    L += _rows(
-        [
-            (
-                cut["cut"],
-                f"{_f(cut['bytes'] / GB, 2)} GB",
-                f"{_f(cut['gbps'], 0)} GB/s",
-                f"{_f(cut['floor_s'], 3)} s",
-            )
-            for cut in p["cuts"]
+
+def _publication(r: PlanReport) -> list[str]:
+    p = r.publication
+    sch = p.schemes
+    return (
+        ["", f"6. Weight publication: {_f(p.bytes / GB, 2)} GB per engine replica"]
+        + _rows(
+            [
+                (cut.cut, f"{_f(cut.bytes / GB, 2)} GB", f"{_f(cut.gbps, 0)} GB/s", f"{_f(cut.floor_s, 3)} s")
+                for cut in p.cuts
+            ]
+        )
+        + [
+            f"   over one node's IB ({_f(sch.link_gbps, 0)} GB/s): one copy {sch.one_copy_s:.3f} s; "
+            f"{sch.replicas} replicas through it {sch.k_replicas_one_bottleneck_s:.2f} s; broadcast tree "
+            f"{sch.broadcast_tree_s:.2f} s",
+            f"   floor {p.floor_s:.3f} s + pack {p.pack_s:g} + install {p.install_s:g} + validate "
+            f"{p.validate_s:g} = {p.total_s:.3f} s",
         ]
     )
-    L.append(
-        f"   over one node's IB ({_f(sch['link_gbps'], 0)} GB/s): one copy {sch['one_copy_s']:.3f} s; "
-        f"{sch['replicas']} replicas through it {sch['k_replicas_one_bottleneck_s']:.2f} s; broadcast tree "
-        f"{sch['broadcast_tree_s']:.2f} s"
-    )
-    L.append(
-        f"   floor {p['floor_s']:.3f} s + pack {p['pack_s']:g} + install {p['install_s']:g} + validate "
-        f"{p['validate_s']:g} = {p['total_s']:.3f} s"
-    )
 
-    mg = r["memory_gib"]
-    tr, en = mg["trainer"], mg["engine"]
-    L += ["", f"7. Memory per GPU (GiB, of {mg['gpu_memory']:.0f})"]
-    L.append(
-        f"   trainer (PP stage {tr['stage']} of {tr['stages']}) {tr['total']:.1f} = params {tr['params']:.1f} + grads {tr['grads']:.1f} + "
-        f"optimizer {tr['optimizer']:.1f} + activations {tr['activations']:.1f} ({tr['in_flight_microbatches']} "
-        f"microbatches in flight, recompute {tr['recompute']}) + logits {tr['logits']:.1f} + runtime {tr['runtime']:.1f}"
-    )
-    act = mg["activations_by_recompute"]
-    L.append("   activations by recompute: " + ", ".join(f"{k} {v:.1f}" for k, v in act.items()))
-    L.append(
-        f"   engine {en['total']:.1f} = weights {en['weights']:.1f} + KV cache {en['kv_cache']:.1f} + runtime "
-        f"{en['runtime']:.1f}"
-    )
-    L.append(
-        f"   peak {mg['peak_per_gpu']:.1f}: "
-        + ("fits" if mg["fits"] else "DOES NOT FIT: " + "; ".join(mg["reasons"]))
-    )
 
-    rel = r["reliability"]
-    ck = rel["checkpoint"]
-    L += ["", "8. Checkpoints and failures"]
+def _memory(r: PlanReport) -> list[str]:
+    mg = r.memory_gib
+    tr, en = mg.trainer, mg.engine
+    act = mg.activations_by_recompute
+    return [
+        "",
+        f"7. Memory per GPU (GiB, of {mg.gpu_memory:.0f})",
+        f"   trainer (PP stage {tr.stage} of {tr.stages}) {tr.total:.1f} = params {tr.params:.1f} + grads "
+        f"{tr.grads:.1f} + optimizer {tr.optimizer:.1f} + activations {tr.activations:.1f} "
+        f"({tr.in_flight_microbatches} microbatches in flight, recompute {tr.recompute}) + logits "
+        f"{tr.logits:.1f} + runtime {tr.runtime:.1f}",
+        "   activations by recompute: " + ", ".join(f"{k} {v:.1f}" for k, v in act.items()),
+        f"   engine {en.total:.1f} = weights {en.weights:.1f} + KV cache {en.kv_cache:.1f} + runtime "
+        f"{en.runtime:.1f}",
+        f"   peak {mg.peak_per_gpu:.1f}: "
+        + ("fits" if mg.fits else "DOES NOT FIT: " + "; ".join(mg.reasons)),
+    ]
+
+
+def _reliability(r: PlanReport) -> list[str]:
+    rel = r.reliability
+    ck = rel.checkpoint
+    L = ["", "8. Checkpoints and failures"]
     L.append(
-        f"   checkpoint {_f(ck['bytes'] / GB)} GB ({ck['bytes_per_param']} B/param): write {_f(ck['write_s'])} s at "
-        f"{_f(c['storage_gbps'], 0)} GB/s; blocks training {ck['blocking_s']:.2f} s"
-        + (" (async: staging copy)" if ck["async"] else "")
+        f"   checkpoint {_f(ck.bytes / GB)} GB ({ck.bytes_per_param} B/param): write {_f(ck.write_s)} s at "
+        f"{_f(r.cluster.storage_gbps, 0)} GB/s; blocks training {ck.blocking_s:.2f} s"
+        + (" (async: staging copy)" if ck.async_save else "")
     )
     L.append(
-        f"   job MTBF {rel['job_mtbf_s'] / 3600:.1f} h ({rel['nodes']} nodes): {rel['expected_failures']:.2f} "
-        f"expected failures; Young/Daly interval {rel['young_daly_interval_s']:.0f} s "
-        f"({rel['young_daly_interval_if_sync_s']:.0f} s if saves were synchronous) = every "
-        f"{rel['interval_steps_optimal']} step(s)"
+        f"   job MTBF {rel.job_mtbf_s / 3600:.1f} h ({rel.nodes} nodes): {rel.expected_failures:.2f} "
+        f"expected failures; Young/Daly interval {rel.young_daly_interval_s:.0f} s "
+        f"({rel.young_daly_interval_if_sync_s:.0f} s if saves were synchronous) = every "
+        f"{rel.interval_steps_optimal} step(s)"
     )
-    if rel["interval_source"] == "never":
+    if rel.interval_source == "never":
         L.append(
             f"   the recipe never saves (checkpoint.interval=0): each failure restarts from step 0, expected "
-            f"lost {rel['expected_lost_s'] / 3600:.2f} h; set checkpoint.interval=-1 (Young/Daly) or "
-            f"{rel['interval_steps_optimal']}"
+            f"lost {rel.expected_lost_s / 3600:.2f} h; set checkpoint.interval=-1 (Young/Daly) or "
+            f"{rel.interval_steps_optimal}"
         )
     else:
         L.append(
-            f"   saving every {rel['interval_steps']} step(s) ({rel['interval_source'].replace('_', '/')}): "
-            f"expected lost {rel['expected_lost_s'] / 3600:.2f} h ({rel['lost_per_failure_s']:.0f} s per "
-            f"failure) + saves {rel['save_overhead_s'] / 3600:.2f} h"
+            f"   saving every {rel.interval_steps} step(s) ({rel.interval_source.replace('_', '/')}): "
+            f"expected lost {rel.expected_lost_s / 3600:.2f} h ({rel.lost_per_failure_s:.0f} s per "
+            f"failure) + saves {rel.save_overhead_s / 3600:.2f} h"
         )
+    return L
 
-    tg = r["target"]
-    L += ["", "9. Target"]
+
+def _target(r: PlanReport) -> list[str]:
+    tg = r.target
+    L = ["", "9. Target"]
     L.append(
-        f"   {tg['steps']} steps predicted in {tg['predicted_hours']:.1f} h vs {tg['hours']:g} h target: "
-        + ("MET" if r["meets_target"] else "NOT MET")
-        + f" (margin {tg['margin_hours']:+.1f} h; {tg['steps_in_target']} steps fit in the target)"
+        f"   {tg.steps} steps predicted in {tg.predicted_hours:.1f} h vs {tg.hours:g} h target: "
+        + ("MET" if r.meets_target else "NOT MET")
+        + f" (margin {tg.margin_hours:+.1f} h; {tg.steps_in_target} steps fit in the target)"
     )
-    if tg["predicted_hours_with_young_daly"] is not None:
+    if tg.predicted_hours_with_young_daly is not None:
         L.append(
             f"   with Young/Daly checkpoints (checkpoint.interval=-1) it would take "
-            f"{tg['predicted_hours_with_young_daly']:.1f} h"
+            f"{tg.predicted_hours_with_young_daly:.1f} h"
         )
+    return L
 
-    if "calibration" in r:
-        cal = r["calibration"]
-        L += ["", f"Calibration from {cal['steps']} measured steps (median seconds; measured / predicted)"]
-        rows = [("phase", "measured", "predicted", "calibration")]
-        for name, v in cal["measured_s"].items():
-            pred = cal["predicted_s"].get(name)
-            ratio = cal["factors"].get(name)
-            how = f"x{ratio:.2f}" if ratio else "measured"
-            if name in cal["offsets"]:
-                how = f"{cal['offsets'][name]:+.2f} s"
-            rows.append((name, _f(v, 2), _f(pred, 2) if pred is not None else "-", how))
-        L += _rows(rows)
-        L.append("   what if we separate the pools: the calibrated rows of the table in section 5")
 
-    if "search" in r:
-        sr = r["search"]
-        L += [
-            "",
-            f"10. Layout search over {sr['gpus']} GPUs: {sr['evaluated']} candidate layouts; ranked by step time, "
-            f"{sr['accepted']} fitting options (a separated layout counts as sync and as async)",
-        ]
-        L += _rows(
-            [("#", "layout", "step s", "peak GiB")]
-            + [
-                (i + 1, row["layout"], _f(row["step_s"]), _f(row["peak_gib"]))
-                for i, row in enumerate(sr["ranked"])
-            ],
-            left=2,
-        )
-        if sr["rejected_by_kind"]:
-            L.append("   rejected: " + ", ".join(f"{n} for {k}" for k, n in sr["rejected_by_kind"].items()))
-            for ex in sr["rejected_examples"]:
-                L.append(f"     {ex['layout']}: {ex['reason']}")
+def _calibration(r: PlanReport) -> list[str]:
+    cal = r.calibration
+    if cal is None:
+        return []
+    rows = [("phase", "measured", "predicted", "calibration")]
+    for name, v in cal.measured_s.items():
+        pred = cal.predicted_s.get(name)
+        ratio = cal.factors.get(name)
+        how = f"x{ratio:.2f}" if ratio else "measured"
+        if name in cal.offsets:
+            how = f"{cal.offsets[name]:+.2f} s"
+        rows.append((name, _f(v, 2), _f(pred, 2) if pred is not None else "-", how))
+    return (
+        ["", f"Calibration from {cal.steps} measured steps (median seconds; measured / predicted)"]
+        + _rows(rows)
+        + ["   what if we separate the pools: the calibrated rows of the table in section 5"]
+    )
 
-    d = r["dominant"]
-    L += ["", "Which phase dominates"]
-    L.append(f"   GPU-seconds: {d['gpu_seconds']}; wall time: {d['wall']}.")
-    L.append("   " + d["why"])
-    return "\n".join(L) + "\n"
+
+def _search(r: PlanReport) -> list[str]:
+    sr = r.search
+    if sr is None:
+        return []
+    L = [
+        "",
+        f"10. Layout search over {sr.gpus} GPUs: {sr.evaluated} candidate layouts; ranked by step time, "
+        f"{sr.accepted} fitting options (a separated layout counts as sync and as async)",
+    ]
+    L += _rows(
+        [("#", "layout", "step s", "peak GiB")]
+        + [(i + 1, row.describe, _f(row.step_s), _f(row.peak_gib)) for i, row in enumerate(sr.ranked)],
+        left=2,
+    )
+    if sr.rejected_by_kind:
+        L.append("   rejected: " + ", ".join(f"{n} for {k}" for k, n in sr.rejected_by_kind.items()))
+        L += [f"     {ex.layout}: {ex.reason}" for ex in sr.rejected_examples]
+    return L
+
+
+def _dominant(r: PlanReport) -> list[str]:
+    d = r.dominant
+    return [
+        "",
+        "Which phase dominates",
+        f"   GPU-seconds: {d.gpu_seconds}; wall time: {d.wall}.",
+        "   " + d.why,
+    ]
+
+
+SECTIONS = (
+    _header,
+    _tokens,
+    _compute,
+    _generation,
+    _scoring,
+    _cycle,
+    _publication,
+    _memory,
+    _reliability,
+    _target,
+    _calibration,
+    _search,
+    _dominant,
+)
+
+
+def render(r: PlanReport) -> str:
+    """The whole report: each section's lines in order, newline-terminated."""
+    return "\n".join(line for section in SECTIONS for line in section(r)) + "\n"

@@ -1,12 +1,15 @@
-"""Assemble the plan of a recipe into one JSON-ready dict (the text report and the plot read it).
+"""Assemble the plan of a recipe into a PlanReport (typed sections: report_types.py).
 
-Nested keys are the contract `--json` keeps: weights_bytes, kv_bytes_per_token, tokens.*, flops.*,
+The text report and the plot read its fields; `--json` prints `PlanReport.to_json()`, whose nested
+keys are the contract `--json` keeps: weights_bytes, kv_bytes_per_token, tokens.*, flops.*,
 gpu_seconds.*, seconds.*, publication.*, memory_gib.*, meets_target (see REQUIRED_KEYS).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from megatron_rl.layout import RECOMPUTE_MODES, ParallelLayout
 from megatron_rl.plan import generation as gen_mod
@@ -22,6 +25,34 @@ from megatron_rl.plan.flops import (
 )
 from megatron_rl.plan.inputs import GIB, HOST_LINK_BYTES_PER_S, PlanInputs
 from megatron_rl.plan.memory import trainer_memory
+from megatron_rl.plan.report_types import (
+    Assumptions,
+    CalibrationSummary,
+    Checkpoint,
+    ClusterSummary,
+    CycleRow,
+    Dominant,
+    EngineMemory,
+    Flops,
+    GpuSeconds,
+    MemoryReport,
+    ModelSummary,
+    PerSampleTokens,
+    PlanReport,
+    Publication,
+    PublicationCut,
+    PublicationSchemes,
+    Rejection,
+    Reliability,
+    Scoring,
+    SearchSummary,
+    Seconds,
+    Target,
+    Tokens,
+    TrainerMemory,
+    Units,
+    from_dict,
+)
 from megatron_rl.plan.search import search
 
 REQUIRED_KEYS = (
@@ -48,35 +79,8 @@ REQUIRED_KEYS = (
 
 
 def _gib(d: dict) -> dict:
+    """Bytes to GiB for the float parts; counts (ints), names and reasons pass through."""
     return {k: (v / GIB if isinstance(v, float) else v) for k, v in d.items()}
-
-
-def cycle_row(c: Cycle) -> dict:
-    lay = c.layout
-    return {
-        "layout": lay.describe(),
-        "placement": lay.placement,
-        "synchrony": lay.synchrony,
-        "tp": lay.tp,
-        "pp": lay.pp,
-        "dp": lay.dp,
-        "engine_tp": lay.engine_tp,
-        "engine_count": lay.engine_count,
-        "recompute": lay.recompute,
-        "engine_gpus": lay.engine_gpus,
-        "trainer_gpus": lay.trainer_gpus,
-        "gpus": lay.gpus,
-        "phases_s": dict(c.phases),
-        "serial_s": c.serial_s,
-        "collection_s": c.collection_s,
-        "learning_s": c.learning_s,
-        "overlapped_s": c.overlapped_s,
-        "step_s": c.step_s,
-        "gpu_seconds": c.gpu_seconds,
-        "peak_gib": c.memory["peak"] / GIB,
-        "fits": c.fits,
-        "reasons": c.reasons,
-    }
 
 
 def _overlap_option(own: Cycle, splits: list[Cycle]) -> Cycle | None:
@@ -89,12 +93,12 @@ def _overlap_option(own: Cycle, splits: list[Cycle]) -> Cycle | None:
     return min(options, key=lambda c: c.step_s) if options else None
 
 
-def _dominant(inp: PlanInputs, c: Cycle, gpu_s: dict, step: Cycle) -> dict:
+def _dominant(inp: PlanInputs, c: Cycle, gpu_s: GpuSeconds, step: Cycle) -> Dominant:
     """Which phase is bigger in GPU-seconds of work (predicted) and in wall time (measured when calibrated)."""
     work = {
-        "generation": gpu_s["generation"],
-        "train": gpu_s["train"] + gpu_s["train_recompute_extra"],
-        "logprob_forwards": gpu_s["logprob_forwards"],
+        "generation": gpu_s.generation,
+        "train": gpu_s.train + gpu_s.train_recompute_extra,
+        "logprob_forwards": gpu_s.logprob_forwards,
     }
     ph = step.phases
     wall = {
@@ -102,11 +106,11 @@ def _dominant(inp: PlanInputs, c: Cycle, gpu_s: dict, step: Cycle) -> dict:
         "train": ph.get("train_fwd_bwd", 0.0) + ph.get("optimizer", 0.0),
         "logprob_forwards": ph.get("old_logprobs", 0.0) + ph.get("ref_logprobs", 0.0),
     }
-    by_work = max(work, key=work.get)
-    by_wall = max(wall, key=wall.get)
+    by_work = max(work, key=work.__getitem__)
+    by_wall = max(wall, key=wall.__getitem__)
     g = c.gen
     idle = 1.0 - g.gpu_seconds / g.gpu_seconds_held if g.gpu_seconds_held else 0.0
-    ranked = sorted(work, key=work.get, reverse=True)
+    ranked = sorted(work, key=work.__getitem__, reverse=True)
     ratio = work[ranked[0]] / work[ranked[1]] if work[ranked[1]] else float("inf")
     parts = [
         f"In GPU-seconds of work {ranked[0]} leads ({work[ranked[0]]:,.0f} vs {ranked[1]} "
@@ -134,173 +138,230 @@ def _dominant(inp: PlanInputs, c: Cycle, gpu_s: dict, step: Cycle) -> dict:
         f"Training is compute-bound: {work['train']:,.0f} GPU-s at {inp.assume.train_mfu:.0%} MFU over "
         f"{c.layout.trainer_gpus} trainer GPUs, so its wall time falls with every GPU added."
     )
-    why = " ".join(parts)
-    return {"gpu_seconds": by_work, "wall": by_wall, "work_gpu_s": work, "wall_s": wall, "why": why}
+    return Dominant(gpu_seconds=by_work, wall=by_wall, work_gpu_s=work, wall_s=wall, why=" ".join(parts))
+
+
+def _assumptions(inp: PlanInputs, layout: ParallelLayout, restart_s: float) -> Assumptions:
+    a, where = inp.assume, "cpu" if inp.hw.is_cpu else "gpu"
+    return Assumptions(
+        train_mfu=a.train_mfu,
+        generation_bw_fraction=a.generation_bw_fraction,
+        prefix_sharing=a.prefix_sharing,
+        trainer_runtime_gib=mem_mod.TRAINER_RUNTIME_GIB[where],
+        engine_runtime_gib=mem_mod.ENGINE_RUNTIME_GIB[where],
+        decode_allreduce_latency_s=gen_mod.DECODE_ALLREDUCE_LATENCY_S,
+        max_num_seqs=gen_mod.max_num_seqs(inp, layout.engine_tp),
+        host_link_gbps=HOST_LINK_BYTES_PER_S / 1e9,
+        restart_s=restart_s,
+    )
+
+
+def _model(inp: PlanInputs) -> ModelSummary:
+    s = inp.spec
+    return ModelSummary(
+        name=s.name,
+        params=inp.params,
+        matmul_params=inp.matmul_params,
+        dtype=s.params_dtype,
+        layers=s.num_layers,
+        hidden=s.hidden_size,
+        kv_heads=s.num_query_groups,
+        head_dim=s.head_dim,
+    )
+
+
+def _cluster(inp: PlanInputs) -> ClusterSummary:
+    hw = inp.hw
+    return ClusterSummary(
+        nodes=hw.nodes,
+        gpus_per_node=hw.gpus_per_node,
+        gpus=hw.gpus,
+        gpu_memory_gib=hw.gpu_memory_bytes / GIB,
+        hbm_gbps=hw.hbm_bytes_per_s / 1e9,
+        peak_tflops=hw.peak_flops / 1e12,
+        nvlink_gbps=hw.nvlink_bytes_per_s / 1e9,
+        node_ib_gbps=hw.node_ib_bytes_per_s / 1e9,
+        storage_gbps=hw.storage_bytes_per_s / 1e9,
+        node_mtbf_days=hw.node_mtbf_s / 86400,
+    )
+
+
+def _tokens(inp: PlanInputs) -> Tokens:
+    t = tokens_per_step(inp)
+    return from_dict(Tokens, t, per_sample=from_dict(PerSampleTokens, t["per_sample"]))
+
+
+def _flops(inp: PlanInputs, layout: ParallelLayout, own: Cycle) -> Flops:
+    lp = logprob_forward_flops(inp)
+    return Flops(
+        train=train_flops(inp),
+        train_recompute_extra=recompute_extra_flops(inp, layout.recompute),
+        logprob_forwards=lp["total"],
+        old_logprobs=lp["old"],
+        ref_logprobs=lp["ref"],
+        prefill_shared=own.gen.prefill_flops_shared,
+        prefill_unshared=own.gen.prefill_flops_unshared,
+    )
+
+
+def _gpu_seconds(inp: PlanInputs, layout: ParallelLayout, own: Cycle, step: Cycle) -> GpuSeconds:
+    """Work at the assumed MFU; `step_held` is every GPU of the layout for the step that runs."""
+    rate = inp.hw.peak_flops * inp.assume.train_mfu
+    g = own.gen
+    train = train_flops(inp) / rate
+    extra = recompute_extra_flops(inp, layout.recompute) / rate
+    logprob = logprob_forward_flops(inp)["total"] / rate
+    return GpuSeconds(
+        train=train,
+        train_recompute_extra=extra,
+        logprob_forwards=logprob,
+        generation=g.gpu_seconds,
+        generation_held=g.gpu_seconds_held,
+        prefill=prefill_flops(inp, inp.assume.prefix_sharing) / rate,
+        step_held=layout.gpus * step.step_s,
+        step_work=train + extra + logprob + g.gpu_seconds,
+    )
+
+
+def _seconds(own: Cycle, scoring: Scoring, step: Cycle, overlap: Cycle | None) -> Seconds:
+    exposed = step.phases.get("scoring", 0.0)
+    return Seconds(
+        longest_completion_floor=own.gen.longest_completion_floor_s,
+        scoring=scoring.serial_s,
+        scoring_exposed=exposed,
+        scoring_hidden=max(0.0, scoring.serial_s - exposed),
+        serial_cycle=step.serial_s,
+        overlapped_cycle=overlap.overlapped_s if overlap is not None else None,
+        collection_path=overlap.collection_s if overlap is not None else None,
+        learning_path=overlap.learning_s if overlap is not None else None,
+        step=step.step_s,
+        phases={k: v for k, v in step.phases.items() if k != "scoring"},
+    )
+
+
+def _publication(pub: Mapping[str, Any]) -> Publication:
+    return from_dict(
+        Publication,
+        pub,
+        cuts=tuple(from_dict(PublicationCut, c) for c in pub["cuts"]),
+        schemes=from_dict(PublicationSchemes, pub["schemes"]),
+    )
+
+
+def _memory(inp: PlanInputs, layout: ParallelLayout, fit: Mapping[str, Any]) -> MemoryReport:
+    engine = {k: v for k, v in fit["engine"].items() if k != "kv_bytes_per_token_per_gpu"}
+    return MemoryReport(
+        trainer_per_gpu=fit["trainer"]["total"] / GIB,
+        engine_per_gpu=fit["engine"]["total"] / GIB,
+        peak_per_gpu=fit["peak"] / GIB,
+        gpu_memory=inp.hw.gpu_memory_bytes / GIB,
+        trainer=from_dict(TrainerMemory, _gib(fit["trainer"])),
+        engine=from_dict(EngineMemory, _gib(engine)),
+        activations_by_recompute={
+            m: trainer_memory(inp, layout, m)["activations"] / GIB for m in RECOMPUTE_MODES
+        },
+        fits=fit["fits"],
+        reasons=tuple(fit["reasons"]),
+    )
+
+
+def _target(
+    inp: PlanInputs, layout: ParallelLayout, step_s: float, rel: Reliability, restart_s: float
+) -> Target:
+    """The predicted run against the target hours; what Young/Daly saves would give if none are made."""
+    hours = rel.total_s / 3600
+    young_daly = None
+    if rel.interval_source == "never":
+        yd = dataclasses.replace(inp, assume=dataclasses.replace(inp.assume, checkpoint_interval_steps=-1))
+        young_daly = rel_mod.reliability(yd, layout, step_s, restart_fixed_s=restart_s)["total_s"] / 3600
+    return Target(
+        steps=inp.work.steps,
+        hours=inp.assume.target_hours,
+        predicted_hours=hours,
+        margin_hours=inp.assume.target_hours - hours,
+        steps_in_target=steps_in_target(inp, layout, step_s, restart_s),
+        predicted_hours_with_young_daly=young_daly,
+    )
+
+
+def _calibration(cal: Mapping[str, Any]) -> CalibrationSummary:
+    return CalibrationSummary(
+        steps=cal["steps"],
+        measured_s=cal["measured_s"],
+        predicted_s=cal["predicted_s"],
+        factors=cal["factors"],
+        offsets=cal["offsets"],
+        init_s=cal["init_s"],
+        mem_gib_max=cal["mem_gib_max"],
+    )
+
+
+def _search(inp: PlanInputs, top: int) -> SearchSummary:
+    res = search(inp)
+    return SearchSummary(
+        gpus=res["gpus"],
+        evaluated=res["candidates"],
+        ranked=tuple(CycleRow.of(c) for c in res["ranked"][:top]),
+        accepted=len(res["ranked"]),
+        rejected_by_kind=res["rejected_by_kind"],
+        rejected_examples=tuple(from_dict(Rejection, r) for r in _examples(res["rejected"])),
+    )
 
 
 def build_report(
-    inp: PlanInputs, layout: ParallelLayout, calibration=None, with_search: bool = True, top: int = 10
-) -> dict:
-    """Everything the planner knows about a recipe on its layout; `calibration` from calibrate()."""
-    w, hw, a, s = inp.work, inp.hw, inp.assume, inp.spec
+    inp: PlanInputs,
+    layout: ParallelLayout,
+    calibration: dict | None = None,
+    with_search: bool = True,
+    top: int = 10,
+) -> PlanReport:
+    """Everything the planner knows about a recipe on its layout; `calibration` from calibrate().
+
+    Calibrated, the step that runs (its phases, cycle, reliability and target) is the measured one,
+    and the splits table and the overlapped option are the calibrated what-ifs.
+    """
     own = cycle(inp, layout)
     splits = compare_splits(inp, layout)
-    rate = hw.peak_flops * a.train_mfu
-    lp = logprob_forward_flops(inp)
-    tflops = train_flops(inp)
-    g = own.gen
-    gpu_s = {
-        "train": tflops / rate,
-        "train_recompute_extra": recompute_extra_flops(inp, layout.recompute) / rate,
-        "logprob_forwards": lp["total"] / rate,
-        "generation": g.gpu_seconds,
-        "generation_held": g.gpu_seconds_held,
-        "prefill": prefill_flops(inp, a.prefix_sharing) / rate,
-    }
-    step = own
-    if calibration is not None:
-        step = calibration["cycle"]
+    step = own if calibration is None else calibration["cycle"]
     overlap = _overlap_option(own, splits)
     if calibration is not None and own.layout.colocated and calibration["best_separated"] is not None:
         overlap = calibration["best_separated"]
-    seconds = {
-        "longest_completion_floor": g.longest_completion_floor_s,
-        "scoring": own.scoring["serial_s"],
-        "scoring_exposed": step.phases.get("scoring", 0.0),
-        "scoring_hidden": max(0.0, own.scoring["serial_s"] - step.phases.get("scoring", 0.0)),
-        "serial_cycle": step.serial_s,
-        "overlapped_cycle": overlap.overlapped_s if overlap else None,
-        "collection_path": overlap.collection_s if overlap else None,
-        "learning_path": overlap.learning_s if overlap else None,
-        "step": step.step_s,
-    }
-    seconds.update({k: v for k, v in step.phases.items() if k not in ("scoring",)})
-    gpu_s["step_held"] = layout.gpus * step.step_s
-    gpu_s["step_work"] = (
-        gpu_s["train"] + gpu_s["train_recompute_extra"] + gpu_s["logprob_forwards"] + g.gpu_seconds
-    )
     restart = rel_mod.RESTART_FIXED_S
     if calibration is not None and calibration["init_s"] is not None:
         restart = calibration["init_s"]
-    rel = rel_mod.reliability(inp, layout, step.step_s, restart_fixed_s=restart)
-    hours = rel["total_s"] / 3600
-    young_daly = None
-    if rel["interval_source"] == "never":
-        yd = dataclasses.replace(inp, assume=dataclasses.replace(a, checkpoint_interval_steps=-1))
-        young_daly = rel_mod.reliability(yd, layout, step.step_s, restart_fixed_s=restart)["total_s"] / 3600
-    fit = own.memory
-    mem = {
-        "trainer_per_gpu": fit["trainer"]["total"] / GIB,
-        "engine_per_gpu": fit["engine"]["total"] / GIB,
-        "peak_per_gpu": fit["peak"] / GIB,
-        "gpu_memory": hw.gpu_memory_bytes / GIB,
-        "trainer": _gib(fit["trainer"]),
-        "engine": _gib({k: v for k, v in fit["engine"].items() if k != "kv_bytes_per_token_per_gpu"}),
-        "activations_by_recompute": {
-            m: trainer_memory(inp, layout, m)["activations"] / GIB for m in RECOMPUTE_MODES
-        },
-        "fits": fit["fits"],
-        "reasons": fit["reasons"],
-    }
-    report = {
-        "recipe": inp.name,
-        "units": {
-            "bytes_moved": "decimal GB = 1e9 B; rates GB/s",
-            "memory_held": "GiB = 2^30 B",
-            "links": "InfiniBand Gb/s divided by 8 -> GB/s",
-            "flops": "FLOP (PFLOP = 1e15 in the text)",
-            "time": "seconds",
-        },
-        "assumptions": {
-            "train_mfu": a.train_mfu,
-            "generation_bw_fraction": a.generation_bw_fraction,
-            "prefix_sharing": a.prefix_sharing,
-            "trainer_runtime_gib": mem_mod.TRAINER_RUNTIME_GIB["cpu" if hw.is_cpu else "gpu"],
-            "engine_runtime_gib": mem_mod.ENGINE_RUNTIME_GIB["cpu" if hw.is_cpu else "gpu"],
-            "decode_allreduce_latency_s": gen_mod.DECODE_ALLREDUCE_LATENCY_S,
-            "max_num_seqs": gen_mod.max_num_seqs(inp, layout.engine_tp),
-            "host_link_gbps": HOST_LINK_BYTES_PER_S / 1e9,
-            "restart_s": restart,
-            "completion_lengths": "mean for the bulk; the longest completion reaches the cap",
-        },
-        "model": {
-            "name": s.name,
-            "params": inp.params,
-            "matmul_params": inp.matmul_params,
-            "dtype": s.params_dtype,
-            "layers": s.num_layers,
-            "hidden": s.hidden_size,
-            "kv_heads": s.num_query_groups,
-            "head_dim": s.head_dim,
-        },
-        "cluster": {
-            "nodes": hw.nodes,
-            "gpus_per_node": hw.gpus_per_node,
-            "gpus": hw.gpus,
-            "gpu_memory_gib": hw.gpu_memory_bytes / GIB,
-            "hbm_gbps": hw.hbm_bytes_per_s / 1e9,
-            "peak_tflops": hw.peak_flops / 1e12,
-            "nvlink_gbps": hw.nvlink_bytes_per_s / 1e9,
-            "node_ib_gbps": hw.node_ib_bytes_per_s / 1e9,
-            "storage_gbps": hw.storage_bytes_per_s / 1e9,
-            "node_mtbf_days": hw.node_mtbf_s / 86400,
-        },
-        "layout": cycle_row(own) | {"describe": layout.describe()},
-        "weights_bytes": inp.weights_bytes,
-        "kv_bytes_per_token": inp.kv_bytes_per_token,
-        "tokens": tokens_per_step(inp),
-        "flops": {
-            "train": tflops,
-            "train_recompute_extra": recompute_extra_flops(inp, layout.recompute),
-            "logprob_forwards": lp["total"],
-            "old_logprobs": lp["old"],
-            "ref_logprobs": lp["ref"],
-            "prefill_shared": g.prefill_flops_shared,
-            "prefill_unshared": g.prefill_flops_unshared,
-        },
-        "gpu_seconds": gpu_s,
-        "generation": g.as_dict(),
-        "scoring": own.scoring,
-        "seconds": seconds,
-        "phases_s": dict(step.phases),
-        "overlap": cycle_row(overlap) if overlap else None,
-        "splits": [cycle_row(c) for c in (calibration["what_if"] if calibration is not None else splits)],
-        "publication": own.publication,
-        "memory_gib": mem,
-        "reliability": rel,
-        "target": {
-            "steps": w.steps,
-            "hours": a.target_hours,
-            "predicted_hours": hours,
-            "margin_hours": a.target_hours - hours,
-            "steps_in_target": steps_in_target(inp, layout, step.step_s, restart),
-            "predicted_hours_with_young_daly": young_daly,
-        },
-        "meets_target": hours <= a.target_hours and fit["fits"],
-        "dominant": _dominant(inp, own, gpu_s, step),
-        "calibrated": calibration is not None,
-    }
-    if calibration is not None:
-        report["calibration"] = {
-            "steps": calibration["steps"],
-            "measured_s": calibration["measured_s"],
-            "predicted_s": calibration["predicted_s"],
-            "factors": calibration["factors"],
-            "offsets": calibration["offsets"],
-            "init_s": calibration["init_s"],
-            "mem_gib_max": calibration["mem_gib_max"],
-        }
-    if with_search:
-        res = search(inp)
-        report["search"] = {
-            "gpus": res["gpus"],
-            "evaluated": res["candidates"],
-            "ranked": [cycle_row(c) for c in res["ranked"][:top]],
-            "accepted": len(res["ranked"]),
-            "rejected_by_kind": res["rejected_by_kind"],
-            "rejected_examples": _examples(res["rejected"]),
-        }
-    return report
+    rel_d = rel_mod.reliability(inp, layout, step.step_s, restart_fixed_s=restart)
+    rel = from_dict(Reliability, rel_d, checkpoint=from_dict(Checkpoint, rel_d["checkpoint"]))
+    target = _target(inp, layout, step.step_s, rel, restart)
+    gpu_s = _gpu_seconds(inp, layout, own, step)
+    scoring = from_dict(Scoring, own.scoring)
+    return PlanReport(
+        recipe=inp.name,
+        units=Units(),
+        assumptions=_assumptions(inp, layout, restart),
+        model=_model(inp),
+        cluster=_cluster(inp),
+        layout=CycleRow.of(own),
+        weights_bytes=inp.weights_bytes,
+        kv_bytes_per_token=inp.kv_bytes_per_token,
+        tokens=_tokens(inp),
+        flops=_flops(inp, layout, own),
+        gpu_seconds=gpu_s,
+        generation=own.gen,
+        scoring=scoring,
+        seconds=_seconds(own, scoring, step, overlap),
+        phases_s=dict(step.phases),
+        overlap=CycleRow.of(overlap) if overlap is not None else None,
+        splits=tuple(CycleRow.of(c) for c in (splits if calibration is None else calibration["what_if"])),
+        publication=_publication(own.publication),
+        memory_gib=_memory(inp, layout, own.memory),
+        reliability=rel,
+        target=target,
+        meets_target=target.predicted_hours <= inp.assume.target_hours and own.memory["fits"],
+        dominant=_dominant(inp, own, gpu_s, step),
+        calibrated=calibration is not None,
+        calibration=_calibration(calibration) if calibration is not None else None,
+        search=_search(inp, top) if with_search else None,
+    )
 
 
 def steps_in_target(inp: PlanInputs, layout: ParallelLayout, step_s: float, restart_s: float) -> int:
@@ -324,6 +385,7 @@ def steps_in_target(inp: PlanInputs, layout: ParallelLayout, step_s: float, rest
 
 
 def _examples(rejected: list[dict], per_kind: int = 2) -> list[dict]:
+    """The first few rejections of each kind: enough to see why, not the whole list."""
     seen: dict[str, int] = {}
     out = []
     for r in rejected:
@@ -333,8 +395,8 @@ def _examples(rejected: list[dict], per_kind: int = 2) -> list[dict]:
     return out
 
 
-def lookup(report: dict, dotted: str):
-    """`report["a"]["b"]` for "a.b"; KeyError naming the missing part."""
+def lookup(report: Mapping[str, Any], dotted: str) -> Any:
+    """`report["a"]["b"]` for "a.b" in the `--json` dict (PlanReport.to_json()); KeyError naming the part."""
     node = report
     for part in dotted.split("."):
         node = node[part]

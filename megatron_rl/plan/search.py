@@ -25,27 +25,19 @@ CANDIDATE = dict(recompute="selective", sequence_parallel=True)
 
 
 def structural_reason(inp: PlanInputs, layout: ParallelLayout) -> str | None:
-    """Why a layout cannot run at all, before any memory is counted; None if it can."""
-    s, g = inp.spec, inp.hw.gpus_per_node
+    """Why a layout cannot run at all, before any memory is counted; None if it can.
+
+    The rules are the run's own (`ParallelLayout.check`, what `validate` applies to a recipe), minus
+    what only the driver lacks today (separated pools); a collective that would cross nodes is named
+    first. One rule is the search's own: a DP rank with no sequence of a minibatch would sit idle.
+    """
+    problems = [p for p in layout.check(inp.spec, inp.hw) if p.kind == "recipe"]
+    problems.sort(key=lambda p: _kind(p.message) != "topology")
+    if problems:
+        return str(problems[0])
     per_minibatch = inp.work.samples // inp.work.minibatches
-    if layout.tp > g:
-        return f"trainer TP{layout.tp} would span nodes ({g} GPUs per node)"
-    if s.num_attention_heads % layout.tp or s.num_query_groups % layout.tp:
-        return (
-            f"trainer TP{layout.tp} does not divide {s.num_attention_heads} heads / "
-            f"{s.num_query_groups} KV heads"
-        )
-    if s.num_layers % layout.pp:
-        return f"PP{layout.pp} does not divide {s.num_layers} layers"
     if per_minibatch < layout.dp * inp.work.micro_batch_size:
         return f"DP{layout.dp} exceeds the {per_minibatch} sequences of a minibatch (idle ranks)"
-    if layout.engine_tp > g:
-        return f"engine TP{layout.engine_tp} would span nodes ({g} GPUs per node)"
-    if s.num_attention_heads % layout.engine_tp:
-        return f"engine TP{layout.engine_tp} does not divide {s.num_attention_heads} heads"
-    kv = s.num_query_groups
-    if kv % layout.engine_tp and layout.engine_tp % kv:
-        return f"engine TP{layout.engine_tp} neither divides nor is a multiple of {kv} KV heads"
     return None
 
 
@@ -88,7 +80,7 @@ def candidates(inp: PlanInputs, total_gpus: int) -> list[ParallelLayout]:
 def _kind(reason: str) -> str:
     if "GiB" in reason or "KV cache" in reason:
         return "memory"
-    if "span nodes" in reason:
+    if "inside one node" in reason or "inside a node" in reason:
         return "topology"
     return "divisibility"
 

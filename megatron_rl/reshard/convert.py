@@ -14,8 +14,8 @@ Deliveries:
   heads replicated when engine TP > KV heads, vocabulary padded to 64 rows then split) and can
   write them straight into its parameters (GPU; vLLM's parameters are plain there).
 - `loader`: each engine rank receives whole HF tensors, handed to vLLM's `reload_weights`
-  grouped by fused group (`loader_batches`); vLLM slices its own TP part. What the CPU build
-  accepts; every engine rank receives the whole model.
+  grouped by fused group (`rollout.weights.group_fused`); vLLM slices its own TP part. What the
+  CPU build accepts; every engine rank receives the whole model.
 
 Legend: `Segment(hf, start, length)` = rows [start, start+length) of HF tensor `hf` along the
 tensor's `dim`; `hf=None` = `length` rows of zeros.
@@ -23,16 +23,18 @@ tensor's `dim`; `hf=None` = `length` rows of zeros.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
+from megatron_rl.layout_rules import ENGINE_VOCAB_PAD, engine_problems
 from megatron_rl.models.hf import all_hf_names, hf_shape, hf_sources, shard_kind
 from megatron_rl.models.spec import ModelSpec
 
 DELIVERIES = ("inplace", "loader")
-VLLM_VOCAB_PAD = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE: vocab rows padded to this, then split over TP
+# vLLM's DEFAULT_VOCAB_PADDING_SIZE: vocab rows padded to this, then split over TP (the layout rules' copy).
+VLLM_VOCAB_PAD = ENGINE_VOCAB_PAD
 
 
 @dataclass(frozen=True)
@@ -121,18 +123,10 @@ def engine_vocab_rows(spec: ModelSpec, engine_tp: int) -> int:
 
 
 def check_engine_tp(spec: ModelSpec, engine_tp: int) -> None:
-    """Refuse an engine TP that vLLM cannot shard this model at, naming the constraint."""
-    padded = -(-spec.vocab_size // VLLM_VOCAB_PAD) * VLLM_VOCAB_PAD
-    g = spec.num_query_groups
-    checks = [
-        (spec.num_attention_heads % engine_tp == 0, f"num_attention_heads={spec.num_attention_heads}"),
-        (g % engine_tp == 0 or engine_tp % g == 0, f"num_query_groups={g} (or a multiple of it)"),
-        (spec.ffn_hidden_size % engine_tp == 0, f"ffn_hidden_size={spec.ffn_hidden_size}"),
-        (padded % engine_tp == 0, f"the vocabulary padded to {VLLM_VOCAB_PAD} ({padded})"),
-    ]
-    for ok, what in checks:
-        if not ok:
-            raise ValueError(f"layout.engine_tp={engine_tp} must divide {what}; pick another engine_tp")
+    """Refuse an engine TP that vLLM cannot shard this model at (the layout's own rule), naming it."""
+    problems = engine_problems(engine_tp, spec)
+    if problems:
+        raise ValueError(f"{problems[0]}; pick another engine_tp")
 
 
 def _vllm_layer_layouts(spec: ModelSpec, i: int, etp: int, t: int) -> list[TensorLayout]:
@@ -282,43 +276,3 @@ def to_hf(
         if not bool(seen.all()):
             raise ValueError(f"{name}: rows {torch.nonzero(~seen)[0].item()}.. are held by no rank")
     return out
-
-
-# ---- loader delivery -------------------------------------------------------------------------
-
-
-def loader_groups(spec: ModelSpec) -> list[list[str]]:
-    """HF names grouped so each `reload_weights` call holds whole fused groups.
-
-    vLLM (CPU build) repacks a fused parameter (`qkv_proj`, `gate_up_proj`) once its parts are
-    loaded; handing it q without k and v, or gate without up, would repack a half-new tensor.
-    """
-    groups: list[list[str]] = []
-    pending: dict[str, list[str]] = {}
-    for hf in all_hf_names(spec):
-        key = None
-        if ".self_attn." in hf and hf.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "v_proj"):
-            key = hf.split(".self_attn.")[0] + ".qkv"
-        elif hf.endswith(("gate_proj.weight", "up_proj.weight")):
-            key = hf.split(".mlp.")[0] + ".gate_up"
-        if key is None:
-            groups.append([hf])
-        elif key not in pending:
-            pending[key] = [hf]
-            groups.append(pending[key])
-        else:
-            pending[key].append(hf)
-    return groups
-
-
-def loader_batches(
-    spec: ModelSpec, tensors: Mapping[str, torch.Tensor]
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """(hf_name, full tensor) lists, one per fused group: the argument of one `reload_weights` call."""
-    for group in loader_groups(spec):
-        missing = [n for n in group if n not in tensors]
-        if missing:
-            raise KeyError(
-                f"loader delivery lacks {missing}: was the version published with delivery='loader'?"
-            )
-        yield [(n, tensors[n]) for n in group]

@@ -28,6 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from megatron_rl import layout_rules as rules
 from megatron_rl.layout import ParallelLayout, TrainerCoord
 from megatron_rl.models.hf import megatron_names
 from megatron_rl.models.spec import ModelSpec
@@ -248,19 +249,16 @@ def build_plan(
     """Plan the publication of a trainer layout's weights to its engines."""
     links = links or Links()
     dtype_bytes = dtype_bytes or spec.dtype_bytes
-    if layout.colocated and layout.engine_world > layout.trainer_world:
-        raise ValueError(
-            f"colocated engines need engine_tp x engine_count = {layout.engine_world} <= trainer ranks "
-            f"{layout.trainer_world}; lower layout.engine_count or use placement=separated"
-        )
-    if spec.num_query_groups % layout.tp:
-        raise ValueError(f"layout.tp={layout.tp} must divide num_query_groups={spec.num_query_groups}")
-    split = layout.stage_layers(spec.num_layers)
-    if len(split) != layout.pp or sum(split) != spec.num_layers:
-        raise ValueError(
-            f"layout.pp_layers={list(layout.pp_layers)} must have pp={layout.pp} entries summing to "
-            f"num_layers={spec.num_layers}"
-        )
+    # The layout's own rules (what `validate` applied to the recipe), less the cluster and the driver's.
+    problems = rules.size_problems(layout) or [
+        p
+        for p in rules.trainer_problems(layout, spec)
+        + rules.engine_problems(layout.engine_tp, spec)
+        + rules.placement_problems(layout)
+        if p.kind == "recipe"
+    ]
+    if problems:
+        raise ValueError("; ".join(map(str, problems)))
     padded_vocab = spec.padded_vocab(layout.tp)
 
     # Trainer side: every rank's shards, and the holders of each HF run: every (rank, tensor, offset)

@@ -12,9 +12,9 @@ The sink contract (`EngineSink`), for whoever connects an engine:
 - `staged(version)`: the tensors validation reads -- the sink's own copies if it made any, so
   that what is validated is exactly what will activate.
 - `activate(version)`: make the staged version the one served, atomically from the engine's
-  point of view (for a live vLLM engine: `reload_weights` with `convert.loader_batches(...)` of
-  the staged tensors, then `reset_prefix_cache()`; or, in-place delivery on GPU, a copy into the
-  engine's parameters); then drop the previous version and the staged copy.
+  point of view (for a live vLLM engine: `reload_weights` with the staged tensors in fused groups,
+  `rollout.weights.group_fused`, then `reset_prefix_cache()`; or, in-place delivery on GPU, a copy
+  into the engine's parameters); then drop the previous version and the staged copy.
 - `discard(version)`: drop a rejected staged version; the active one is untouched.
 - `active_version`: the version served, None before the first activation.
 - optional `holds_weights`: False when the engine no longer holds the active version's weights (a
@@ -47,13 +47,12 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.layout import ParallelLayout
+from megatron_rl.models.dtypes import torch_dtype
 from megatron_rl.models.spec import ModelSpec
 from megatron_rl.reshard.checksum import default_algorithm, digest_size
 from megatron_rl.reshard.manifest import Manifest, Run, expected_manifest, validate
 from megatron_rl.reshard.plan import Links, ReshardPlan, build_plan
 from megatron_rl.reshard.transfer import DIRECT_MIN_BYTES, RecvHook, TransferStats, run_transfer
-
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 class EngineSink(Protocol):
@@ -137,7 +136,7 @@ class Publisher:
         algorithm: str | None = None,
         direct_min_bytes: int = DIRECT_MIN_BYTES,
     ):
-        self.dtype = dtype or TORCH_DTYPES[spec.params_dtype]
+        self.dtype = dtype or torch_dtype(spec.params_dtype)
         itemsize = torch.empty(0, dtype=self.dtype).element_size()
         self.plan: ReshardPlan = build_plan(layout, spec, delivery, links, itemsize)
         self.sink, self.bucket_bytes, self.direct_min_bytes = sink, bucket_bytes, direct_min_bytes

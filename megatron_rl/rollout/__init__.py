@@ -6,7 +6,6 @@
     sampling.py       the log-prob convention and the trainer-side transform that matches it
     logprob_check.py  engine vs trainer log-probs on the same tokens (every step, and tools/)
     timeshare.py      trainer offload / engine sleep around each phase, memory per phase
-    longtail.py       length cap, truncated flag, over-long handling for the loss
     process.py        the engine's side effects on the trainer's process, contained
     weights.py        HF tensors grouped by vLLM's fused groups
 

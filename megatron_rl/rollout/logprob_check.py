@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from megatron_rl.rollout.sampling import needs_full_vocab, trainer_temperature
+from megatron_rl.rollout.convention import needs_full_vocab, trainer_temperature
 from megatron_rl.rollout.types import Sample, SamplingSettings
 
 # (sequences, prompt_lens) -> one 1-D tensor of completion log-probs per sequence (Policy.logprobs, bound).

@@ -36,19 +36,20 @@ from __future__ import annotations
 
 import torch
 
-from megatron_rl.rollout.types import LOGPROBS_MODES
+# The rules (allowed values, when the full vocabulary is needed, the trainer's temperature) live in
+# rollout/convention.py, torch-free, so `validate` applies the same ones.
+from megatron_rl.rollout.convention import (  # noqa: F401  (re-exported for the trainer side)
+    GREEDY_EPS,
+    convention_problems,
+    needs_full_vocab,
+    trainer_temperature,
+)
 
-# vLLM treats temperatures below this as greedy (no scaling, no filtering).
-GREEDY_EPS = 1e-5
 
-
-def _check(mode: str, temperature: float, top_p: float) -> None:
-    if mode not in LOGPROBS_MODES:
-        raise ValueError(f"rollout.logprobs_mode must be one of {LOGPROBS_MODES}; got {mode!r}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0; got {temperature}")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1]; got {top_p}")
+def _check(mode: str, temperature: float, top_p: float, top_k: int = -1) -> None:
+    problems = convention_problems(mode, temperature, top_p, top_k, training=False)
+    if problems:
+        raise ValueError(str(problems[0]))
 
 
 def filter_logits(scaled_NV: torch.Tensor, top_p: float = 1.0, top_k: int = -1) -> torch.Tensor:
@@ -80,7 +81,7 @@ def apply_sampling_convention(
 
     `logits_NV` must be the model's logits over the real vocabulary (padding columns removed).
     """
-    _check(mode, temperature, top_p)
+    _check(mode, temperature, top_p, top_k)
     z = logits_NV.float()
     if mode == "raw_logprobs" or temperature < GREEDY_EPS:
         return torch.log_softmax(z, dim=-1)
@@ -98,16 +99,3 @@ def token_logprobs_full_vocab(
     """log p(target) [B, T] under the convention, from full-vocabulary logits (gathered over TP)."""
     lp_BTV = apply_sampling_convention(logits_BTV, temperature, top_p, top_k, mode)
     return lp_BTV.gather(-1, targets_BT.long().unsqueeze(-1)).squeeze(-1)
-
-
-def needs_full_vocab(mode: str, top_p: float, top_k: int) -> bool:
-    """True when the trainer cannot reproduce the convention from vocab-parallel logits alone."""
-    return mode == "processed_logprobs" and (top_p < 1.0 or 0 < top_k)
-
-
-def trainer_temperature(mode: str, temperature: float) -> float:
-    """The temperature the trainer divides by so its log-probs follow `mode` (1 in raw mode)."""
-    _check(mode, temperature, 1.0)
-    if mode == "raw_logprobs" or temperature < GREEDY_EPS:
-        return 1.0
-    return temperature

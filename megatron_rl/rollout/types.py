@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
+from megatron_rl.rollout.convention import LOGPROBS_MODES, convention_problems
+
 FINISH_REASONS = ("stop", "length")
-LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+__all__ = ["FINISH_REASONS", "LOGPROBS_MODES", "SamplingSettings", "Sample"]
 
 
 @dataclass(frozen=True)
@@ -34,10 +36,10 @@ class SamplingSettings:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"rollout.temperature must be >= 0 (0 = greedy); got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"rollout.top_p must be in (0, 1] (1 = off); got {self.top_p}")
+        # Greedy (temperature 0) is allowed here, for evaluation; a recipe's check asks for > 0.
+        problems = convention_problems("processed_logprobs", self.temperature, self.top_p, -1, training=False)
+        if problems:
+            raise ValueError(str(problems[0]))
         if self.max_new_tokens < 1:
             raise ValueError(f"rollout.max_new_tokens must be >= 1; got {self.max_new_tokens}")
         object.__setattr__(self, "top_k", self.top_k if self.top_k > 0 else -1)
@@ -61,11 +63,14 @@ class SamplingSettings:
 
 @dataclass
 class Sample:
-    """One finished completion.
+    """One finished completion, and later its score: one type from the engine to the loss.
 
     `logprobs[i]` is the engine's log-probability of `token_ids[i]` under the convention of the
     engine's `logprobs_mode` (see rollout/sampling.py). `truncated` is True when the engine stopped
     the sample at its length cap (finish reason "length"), not when it merely ended there.
+    `reward` and `status` are left at their defaults by the engine and set by the loop once the
+    reward pool has scored the sample (loop/collect.py); `status` is then one of reward/result.py's
+    STATUSES, and "" means not scored yet.
     """
 
     prompt_index: int
@@ -76,6 +81,8 @@ class Sample:
     finish_reason: str
     truncated: bool
     version: int
+    reward: float = 0.0
+    status: str = ""
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:

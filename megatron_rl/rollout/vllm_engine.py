@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from megatron_rl.models.dtypes import hf_dtype_name
 from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 from megatron_rl.rollout.process import make_shm_names_job_unique, prepare_env, preserved_rng
 from megatron_rl.rollout.types import LOGPROBS_MODES, Sample, SamplingSettings
@@ -55,9 +56,6 @@ def request_seed(*parts: int) -> int:
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
-_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
-
 def engine_dtype(model_dir: Path, dtype: str | None) -> str:
     """The explicit dtype to run in: the recipe's (fp32/bf16/fp16) or the checkpoint's config.json.
 
@@ -69,12 +67,7 @@ def engine_dtype(model_dir: Path, dtype: str | None) -> str:
         dtype = cfg.get("dtype") or cfg.get("torch_dtype")
         if dtype is None:
             raise ValueError(f"{model_dir}/config.json names no dtype; pass dtype= (model.params_dtype)")
-    dtype = _DTYPES.get(dtype, dtype)
-    if dtype not in _DTYPES.values():
-        raise ValueError(
-            f"engine dtype must be one of {sorted(_DTYPES) + sorted(_DTYPES.values())}; got {dtype!r}"
-        )
-    return dtype
+    return hf_dtype_name(dtype, "engine dtype")
 
 
 def _max_model_len(model_dir: Path, requested: int | None) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from megatron_rl.models.dtypes import torch_dtype
 from megatron_rl.models.hf import all_hf_names, hf_shape, hf_to_megatron_shard, megatron_names
 from megatron_rl.models.megatron import global_param_name
 from megatron_rl.models.spec import ModelSpec
@@ -29,7 +30,6 @@ _ST_DTYPES = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
-_CONFIG_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CONFIG_KEYS = {
     "hidden_size": "hidden_size",
     "num_hidden_layers": "num_layers",
@@ -108,7 +108,10 @@ def check_checkpoint(ckpt: HFCheckpoint, spec: ModelSpec) -> torch.dtype:
                 f"model or fix the model group"
             )
     declared = ckpt.config.get("torch_dtype") or ckpt.config.get("dtype")
-    expected_dtype = _CONFIG_DTYPES.get(declared) if isinstance(declared, str) else None
+    try:
+        expected_dtype = torch_dtype(declared) if isinstance(declared, str) else None
+    except ValueError:  # a dtype we do not train in (float64, "auto"): the tensors alone decide
+        expected_dtype = None
     seen_dtype = None
     for name in all_hf_names(spec):
         if name not in ckpt.files:

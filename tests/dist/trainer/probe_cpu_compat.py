@@ -37,13 +37,13 @@ def main() -> None:
         model_parallel_cuda_manual_seed(1)
         ok(stage)
         stage = "build"
+        from megatron_rl.dist_env import from_env
+        from megatron_rl.layout import ParallelLayout
         from megatron_rl.trainer.parallel import ParallelState
         from megatron_rl.trainer.policy import OptimSettings, Policy
         from tests.helpers.specs import QWEN2_TINY
 
-        st = ParallelState(
-            env=None, tp=1, pp=1, dp=1, tp_rank=0, pp_rank=0, dp_rank=0, device=torch.device("cpu")
-        )
+        st = ParallelState(env=from_env(), layout=ParallelLayout(), device=torch.device("cpu"))
         pol = Policy(QWEN2_TINY, st, optim=OptimSettings(lr=1e-3, clip_grad=1.0))
         ok(stage)
         stage = "forward"  # DotProductAttention -> rng tracker fork; schedules -> device='cuda'

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from megatron_rl.config.load import load_recipe
-from megatron_rl.config.validate import ConfigError, validate_recipe
+from megatron_rl.check import ConfigError, validate_recipe
 from tests.helpers.launch import free_port, run_worker
 
 pytestmark = pytest.mark.slow

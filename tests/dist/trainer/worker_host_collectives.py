@@ -53,9 +53,9 @@ def main() -> None:
     root = Path(sys.argv[1]) / f"rank{dist.get_rank()}"
     probe = types.ModuleType("megatron_rl.checkpoint._pre_fix_probe")
     exec(PRE_FIX, probe.__dict__)
-    run = types.SimpleNamespace(rank=dist.get_rank(), is_main=dist.get_rank() == 0)
-    fixed = Checkpointer(root, run, async_save=False, cpu_group=state.cpu_group)
-    bare = Checkpointer(root, run, async_save=False)  # no group: what tools/gpu_check.py builds
+    procs = types.SimpleNamespace(rank=dist.get_rank(), is_main=dist.get_rank() == 0)
+    fixed = Checkpointer(root, procs, async_save=False, cpu_group=state.cpu_group)
+    bare = Checkpointer(root, procs, async_save=False)  # no group: what tools/gpu_check.py builds
     result = {
         "pre_fix": _try(lambda: probe.check_space(100)),
         "derived": _try(lambda: probe.derived(100)),

@@ -1,4 +1,4 @@
-"""Single-process worker: a Run from the tiny recipe with cluster.dist_timeout_s set; writes every
+"""Single-process worker: a run started from the tiny recipe with cluster.dist_timeout_s set; writes every
 group's timeout to RUN_DIR/timeouts.json.
 
   python worker_timeout.py RUN_DIR TIMEOUT_S
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.config.load import load_recipe
-from megatron_rl.loop.run import Run
+from megatron_rl.loop.run import start_run
 
 
 def _timeout_s(group) -> float:
@@ -30,12 +30,12 @@ def main() -> None:
             f"logger.run_dir={run_dir}",
         ],
     )
-    run = Run(recipe)
+    procs, _ = start_run(recipe)
     from megatron.core import parallel_state as ps
 
     out = {
         "default": _timeout_s(dist.distributed_c10d._get_default_group()),
-        "cpu_group": _timeout_s(run.state.cpu_group),
+        "cpu_group": _timeout_s(procs.cpu_group),
         "tensor_parallel": _timeout_s(ps.get_tensor_model_parallel_group()),
         "data_parallel": _timeout_s(ps.get_data_parallel_group()),
     }

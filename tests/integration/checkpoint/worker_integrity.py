@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 
-class _Run:  # the two fields Checkpointer and load() use
+class _Processes:  # the two fields Checkpointer uses
     def __init__(self, rank: int):
         self.rank, self.is_main = rank, rank == 0
 
@@ -59,17 +59,17 @@ def main() -> None:
     state = init_parallel(ParallelLayout.over(launched_world(), 2, 1))
     spec = ModelSpec.from_config(load_recipe("grpo_tiny_cpu").model)
     policy = Policy(spec, state, optim=OptimSettings(lr=1e-3), micro_batch_size=2)
-    run = _Run(dist.get_rank())
+    procs = _Processes(dist.get_rank())
     result: dict = {}
     if mode == "save":
-        ck = Checkpointer(root, run, keep_last=5, async_save=True)
+        ck = Checkpointer(root, procs, keep_last=5, async_save=True)
         for step in (1, 2):
             _train_step(policy, spec, step)
             ck.save(step, policy, None, {"step": step, "world_size": 2, "task": {}})
             result[step] = _all_digests(policy)
         ck.close()
         _train_step(policy, spec, 3)
-        Checkpointer(root, run, keep_last=5, async_save=False).save(
+        Checkpointer(root, procs, keep_last=5, async_save=False).save(
             3, policy, None, {"step": 3, "world_size": 2, "task": {}}
         )
         result[3] = _all_digests(policy)
@@ -78,16 +78,16 @@ def main() -> None:
         result["path"] = str(path) if path else None
         if path is not None:
             _train_step(policy, spec, 99)  # the optimizer state must exist to load into it
-            result["step"] = load(path, run, policy, None, _Task())["step"]
+            result["step"] = load(path, procs.rank, policy, None, _Task())["step"]
             result["digests"] = _all_digests(policy)
     elif mode == "continue":  # resume from step 1 and take step 2's optimizer step again
         _train_step(policy, spec, 99)
-        load(root / "step_000001", run, policy, None, _Task())
+        load(root / "step_000001", procs.rank, policy, None, _Task())
         _train_step(policy, spec, 2)
         result["digests"] = _all_digests(policy)
     elif mode == "nospace":
         _train_step(policy, spec, 1)
-        ck = Checkpointer(root, run, async_save=sys.argv[3] == "async")
+        ck = Checkpointer(root, procs, async_save=sys.argv[3] == "async")
         try:
             ck.save(1, policy, None, {"step": 1, "world_size": 2, "task": {}})
             ck.close()

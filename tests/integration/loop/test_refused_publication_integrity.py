@@ -1,6 +1,10 @@
-"""A run whose weights go non-finite (optim.lr=inf): every publication after the first is refused,
-the engines keep sampling with version 1, the step records say so, and the default policy (stop after
-3 refusals in a row) ends the run with a message that names the tensors."""
+"""A run whose weights go non-finite: every publication after they do is refused, the engines keep
+sampling with the last good version, the step records say so, and the default policy (stop after 3
+refusals in a row) ends the run with a message that names the tensors.
+
+The divergence is a real one from a finite recipe (the recipe check refuses optim.lr=inf): at
+optim.lr=1e30 the first update leaves huge but finite weights, which publish; the next forward
+overflows, its gradients are NaN, and from then on the weights are NaN."""
 
 import pytest
 
@@ -10,18 +14,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 def test_non_finite_weights_are_never_served_and_the_run_stops_after_three_refusals(tmp_path):
-    proc = launch(tmp_path, 6, ["optim.lr=inf", "logger.wandb=false"], name="nan", wait=False)
+    proc = launch(tmp_path, 8, ["optim.lr=1e30", "logger.wandb=false"], name="nan", wait=False)
     rc = proc.wait(timeout=900)
     out = (tmp_path / "nan.log").read_text()
     assert rc != 0, out[-3000:]
     recs = records(tmp_path, "nan")
-    assert [r["step"] for r in recs] == [1, 2, 3]  # the 4th step's publication is the 3rd refusal
-    first, refused = recs[0], recs[1:]
-    assert first["publication"]["activated"] and first["publication"]["refused"] == []
+    pubs = [r["publication"] for r in recs]
+    first_refused = next(i for i, p in enumerate(pubs) if not p["activated"])
+    assert first_refused >= 1, "version 1 (the initial weights) must publish"
+    good = recs[first_refused - 1]["version"]  # the last version that activated
+    for r in recs[:first_refused]:
+        assert r["publication"]["activated"] and r["publication"]["refused"] == []
+    refused = recs[first_refused:]
+    assert len(refused) == 2, [r["step"] for r in recs]  # the next step's publication is the 3rd refusal
     for r in refused:
         p = r["publication"]
-        assert not p["activated"] and p["active_version"] == 1 and r["version"] == 1
-        assert p["action"] == "sampled with the active version 1"
+        assert not p["activated"] and p["active_version"] == good and r["version"] == good
+        assert p["action"] == f"sampled with the active version {good}"
         assert "non-finite values (NaN or Inf)" in p["refused"][0]
     head = "weight publication refused 3 times in a row (rollout.on_refused_publication=stop"
-    assert out.count(head) == 1 and "version 1 keeps serving" in out
+    assert out.count(head) == 1 and f"version {good} keeps serving" in out

@@ -269,7 +269,7 @@ def test_a_fresh_start_over_an_earlier_runs_checkpoints_is_refused(earlier_run, 
 
 
 def test_train_refuses_it_at_start_up_before_anything_is_built(earlier_run, tmp_path, monkeypatch):
-    import megatron_rl.loop.run as run_mod
+    import megatron_rl.loop.processes as processes_mod
     from megatron_rl import train
 
     root, args = earlier_run
@@ -277,7 +277,7 @@ def test_train_refuses_it_at_start_up_before_anything_is_built(earlier_run, tmp_
     def built(*a, **k):
         raise AssertionError("init_parallel ran before the refusal")
 
-    monkeypatch.setattr(run_mod, "init_parallel", built)
+    monkeypatch.setattr(processes_mod, "init_parallel", built)
     with pytest.raises(SystemExit, match="already holds checkpoints") as e:
         train.main(args)
     assert str(root) in str(e.value)

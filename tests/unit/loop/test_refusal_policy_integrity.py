@@ -2,8 +2,8 @@
 
 import pytest
 
+from megatron_rl.check import check_recipe
 from megatron_rl.config.load import load_recipe
-from megatron_rl.config.validate import check_recipe
 from megatron_rl.layout import ParallelLayout
 from megatron_rl.loop.publication import PublicationRefused, RefusalPolicy
 from megatron_rl.reshard.publish import InMemorySink, Publisher

@@ -4,19 +4,20 @@ import torch
 
 from megatron_rl.config.schema import AlgorithmConfig
 from megatron_rl.loop.rl_batch import (
-    ScoredSample,
     advantages_with_kl,
     assign,
     global_normaliser,
     loss_mask_keep,
     minibatch_extras,
+    shaped_rewards,
 )
+from megatron_rl.rollout.types import Sample
 
 
-def _sample(p, s, n_tokens, reward, truncated=False):
-    return ScoredSample(
-        p, s, [1, 2], list(range(3, 3 + n_tokens)), [-0.5] * n_tokens, truncated, 1, reward, "failed"
-    )
+def _sample(p, s, n_tokens, reward, truncated=False, finish_reason=None):
+    finish_reason = finish_reason or ("length" if truncated else "stop")
+    tokens = list(range(3, 3 + n_tokens))
+    return Sample(p, s, [1, 2], tokens, [-0.5] * n_tokens, finish_reason, truncated, 1, reward, "failed")
 
 
 def test_assign_partitions_every_sample_once_and_is_seeded():
@@ -53,3 +54,28 @@ def test_minibatch_extras_are_per_completion_token():
     x = minibatch_extras(samples, [0, 1], torch.tensor([0.7, -0.7]), [1.0, 1.0], old, {})
     assert [t.numel() for t in x["adv"]] == [3, 1] and abs(float(x["adv"][1][0]) + 0.7) < 1e-6
     assert "ref" not in x and [t.numel() for t in x["rollout"]] == [3, 1]
+
+
+def _at_the_cap():
+    # lengths 2, 4, 4 (cap 4): the second was cut at the cap, the third ended with a stop token there.
+    return [
+        _sample(0, 0, 2, 1.0),
+        _sample(0, 1, 4, 1.0, truncated=True),
+        _sample(1, 0, 4, 0.0, finish_reason="stop"),
+    ]
+
+
+def test_overlong_modes_act_on_the_truncated_flag_and_the_length():
+    samples = _at_the_cap()
+    rewards = [1.0, 1.0, 0.0]
+    none = AlgorithmConfig(overlong="none")
+    assert shaped_rewards(samples, none, 4).tolist() == rewards
+    assert loss_mask_keep(samples, none) == [1.0, 1.0, 1.0]
+    # mask: only the sample cut at the cap leaves the loss, not the one that merely ended there.
+    mask = AlgorithmConfig(overlong="mask")
+    assert shaped_rewards(samples, mask, 4).tolist() == rewards
+    assert loss_mask_keep(samples, mask) == [1.0, 0.0, 1.0]
+    # penalty: cap 4, ramp over the last 2 tokens: length 2 -> 0, length 4 -> -1, truncated or not.
+    penalty = AlgorithmConfig(overlong="penalty", overlong_penalty_tokens=2)
+    assert shaped_rewards(samples, penalty, 4).tolist() == [1.0, 0.0, -1.0]
+    assert loss_mask_keep(samples, penalty) == [1.0, 1.0, 1.0]

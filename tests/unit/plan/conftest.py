@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from megatron_rl.layout import ParallelLayout
-from megatron_rl.plan.inputs import PlanInputs, inputs_from_recipe, layout_from_recipe
+from megatron_rl.plan.inputs import PlanInputs, inputs_from_recipe
 
 from .hand import REFERENCE
 
@@ -19,4 +19,4 @@ def ref_recipe():
 
 @pytest.fixture(scope="session")
 def ref(ref_recipe) -> tuple[PlanInputs, ParallelLayout]:
-    return inputs_from_recipe(ref_recipe), layout_from_recipe(ref_recipe)
+    return inputs_from_recipe(ref_recipe), ParallelLayout.from_config(ref_recipe.layout)

@@ -89,9 +89,11 @@ def test_measured_phases_replace_the_assumed_ones(ref, steps_file):
     assert cal["factors"]["generation"] == pytest.approx(155.0 / predicted.phases["generation"])
     assert cal["offsets"]["publish"] == pytest.approx(4.5 - predicted.phases["publish"])
     report = build_report(inp, layout, calibration=cal, with_search=False)
-    assert report["seconds"]["serial_cycle"] == pytest.approx(sum(MEDIANS.values()))
-    assert report["seconds"]["generation"] == 155.0
-    assert report["reliability"]["startup_s"] == 240.0  # the measured init replaces the assumed start-up
+    assert report.seconds.serial_cycle == pytest.approx(sum(MEDIANS.values()))
+    assert report.seconds.phases["generation"] == 155.0
+    assert report.to_json()["seconds"]["generation"] == 155.0  # phases sit beside the other seconds
+    assert report.reliability.startup_s == 240.0  # the measured init replaces the assumed start-up
+    assert report.calibration is not None and report.calibration.steps == 3
 
 
 def test_what_if_separated_scales_each_phase_by_its_calibration(ref, steps_file):

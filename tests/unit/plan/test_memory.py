@@ -109,6 +109,7 @@ def test_bad_pipeline_split_is_refused(capsys):
     from megatron_rl.plan.cli import main
 
     assert main(["grpo_qwen2.5-32b_32n8g", "layout.pp_layers=[30,30]", "--no-search"]) == 2
-    assert "layout.pp_layers=[30, 30] must have layout.pp=2 entries summing to model.num_layers=64" in (
-        capsys.readouterr().err
+    assert (
+        "layout.pp_layers=[30, 30]: needs layout.pp=2 entries (each >= 1) summing to model.num_layers=64"
+        in (capsys.readouterr().err)
     )

@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 
 from megatron_rl.config.load import load_recipe
+from megatron_rl.layout import ParallelLayout
 from megatron_rl.plan.cycle import switch_seconds
-from megatron_rl.plan.inputs import GIB, inputs_from_recipe, layout_from_recipe
+from megatron_rl.plan.inputs import GIB, inputs_from_recipe
 from megatron_rl.plan.memory import memory_fit, trainer_memory
 
 R70B = "grpo_llama3.1-70b_8n8g"
@@ -17,7 +18,7 @@ R70B = "grpo_llama3.1-70b_8n8g"
 
 def _plan(overrides=()):
     recipe = load_recipe(R70B, list(overrides))
-    return inputs_from_recipe(recipe), layout_from_recipe(recipe)
+    return inputs_from_recipe(recipe), ParallelLayout.from_config(recipe.layout)
 
 
 def test_a_resident_reference_is_counted_while_training_and_generating():
@@ -74,8 +75,8 @@ def test_in_place_delivery_discards_engine_weights_instead_of_copying_them():
 
 
 def test_validate_refuses_a_utilisation_that_cannot_be_built():
-    from megatron_rl.config.validate import ConfigError, validate_recipe
+    from megatron_rl.check import ConfigError, validate_recipe
 
-    validate_recipe(load_recipe(R70B, []))
+    validate_recipe(load_recipe(R70B, []), "validate")  # its checkpoint lives on the cluster
     with pytest.raises(ConfigError, match="rollout.gpu_memory_utilization.*building the engine"):
-        validate_recipe(load_recipe(R70B, ["rollout.gpu_memory_utilization=0.95"]))
+        validate_recipe(load_recipe(R70B, ["rollout.gpu_memory_utilization=0.95"]), "validate")

@@ -11,6 +11,7 @@ import pytest
 from megatron_rl.plan.cli import main
 from megatron_rl.plan.render import render
 from megatron_rl.plan.report import REQUIRED_KEYS, build_report, lookup
+from megatron_rl.plan.report_types import PlanReport
 
 from .hand import REFERENCE
 
@@ -22,8 +23,9 @@ def report(ref):
 
 
 def test_every_required_key_resolves_to_a_value(report):
+    data = report.to_json()
     for key in REQUIRED_KEYS:
-        value = lookup(report, key)
+        value = lookup(data, key)
         if key == "meets_target":
             assert isinstance(value, bool)
         else:
@@ -31,53 +33,49 @@ def test_every_required_key_resolves_to_a_value(report):
 
 
 def test_reference_report_numbers(report):
-    assert report["weights_bytes"] == 65_527_752_704
-    assert report["kv_bytes_per_token"] == 2 * 64 * 8 * 128 * 2
-    assert lookup(report, "tokens.prompt") == 4096 * 1200
-    assert lookup(report, "tokens.completion") == 4096 * 2500
-    assert lookup(report, "tokens.trained") == 4096 * 3700
+    assert report.weights_bytes == 65_527_752_704
+    assert report.kv_bytes_per_token == 2 * 64 * 8 * 128 * 2
+    assert report.tokens.prompt == 4096 * 1200
+    assert report.tokens.completion == 4096 * 2500
+    assert report.tokens.trained == 4096 * 3700
     # GPU-seconds at 40% of 989 TFLOPS
-    assert lookup(report, "gpu_seconds.train") == pytest.approx(
-        lookup(report, "flops.train") / (989e12 * 0.4)
-    )
-    sec = report["seconds"]
-    assert sec["serial_cycle"] == pytest.approx(sum(report["phases_s"].values()))
-    assert sec["overlapped_cycle"] == pytest.approx(max(sec["collection_path"], sec["learning_path"]))
-    assert sec["overlapped_cycle"] < sec["serial_cycle"]
-    assert sec["scoring"] == 32.0  # 4,096 x 8 s over 1,024 cores, unstreamed
-    assert report["memory_gib"]["fits"]
-    tg = report["target"]
-    assert report["meets_target"] is (tg["predicted_hours"] <= 48.0)
-    assert tg["steps_in_target"] >= 600 if report["meets_target"] else tg["steps_in_target"] < 600
-    assert report["search"]["ranked"] and report["splits"]
+    assert report.gpu_seconds.train == pytest.approx(report.flops.train / (989e12 * 0.4))
+    sec = report.seconds
+    assert sec.serial_cycle == pytest.approx(sum(report.phases_s.values()))
+    assert sec.overlapped_cycle == pytest.approx(max(sec.collection_path, sec.learning_path))
+    assert sec.overlapped_cycle < sec.serial_cycle
+    assert sec.scoring == 32.0  # 4,096 x 8 s over 1,024 cores, unstreamed
+    assert report.memory_gib.fits
+    tg = report.target
+    assert report.meets_target is (tg.predicted_hours <= 48.0)
+    assert tg.steps_in_target >= 600 if report.meets_target else tg.steps_in_target < 600
+    assert report.search is not None and report.search.ranked and report.splits
 
 
 def test_target_depends_on_checkpointing(ref):
     inp, layout = ref
 
-    def plan(interval: int) -> dict:
+    def plan(interval: int) -> PlanReport:
         assume = dataclasses.replace(inp.assume, checkpoint_interval_steps=interval)
         return build_report(dataclasses.replace(inp, assume=assume), layout, with_search=False)
 
     never, young_daly = plan(0), plan(-1)
     # ~2.2 node failures in a 33 h run: restarting from step 0 each time blows the 48 h target ...
-    assert never["reliability"]["interval_source"] == "never" and never["meets_target"] is False
-    assert never["target"]["predicted_hours_with_young_daly"] == pytest.approx(
-        young_daly["target"]["predicted_hours"]
-    )
+    assert never.reliability.interval_source == "never" and never.meets_target is False
+    assert never.target.predicted_hours_with_young_daly == pytest.approx(young_daly.target.predicted_hours)
     # ... saving at the Young/Daly interval meets it with hours to spare.
-    assert young_daly["meets_target"] is True and young_daly["target"]["steps_in_target"] > 600
-    assert young_daly["reliability"]["expected_lost_s"] < 3600
+    assert young_daly.meets_target is True and young_daly.target.steps_in_target > 600
+    assert young_daly.reliability.expected_lost_s < 3600
 
 
 def test_reference_phase_that_dominates(report):
-    d = report["dominant"]
+    d = report.dominant
     # The tail (16,384 tokens at TP4) outlasts the whole training phase on 256 GPUs ...
-    assert d["wall"] == "generation"
-    assert report["seconds"]["longest_completion_floor"] > d["wall_s"]["train"]
+    assert d.wall == "generation"
+    assert report.seconds.longest_completion_floor > d.wall_s["train"]
     # ... though generation's work is about the size of training's.
-    assert d["gpu_seconds"] in ("train", "generation")
-    assert "longest completion" in d["why"]
+    assert d.gpu_seconds in ("train", "generation")
+    assert "longest completion" in d.why
 
 
 def test_text_report_states_units_and_sections(report):
@@ -122,11 +120,11 @@ def test_cli_text_with_overrides(capsys):
     [
         (
             ["rollout.mean_completion_tokens=20000"],
-            "rollout.mean_completion_tokens=20000 exceeds rollout.max_new_tokens",
+            "rollout.mean_completion_tokens=20000: exceeds rollout.max_new_tokens",
         ),
-        (["cluster.nodes=8"], "the layout needs 256 GPUs but the cluster has 64"),
-        (["plan.train_mfu=1.5"], "plan.train_mfu=1.5 must be a fraction"),
-        (["layout.engine_count=32"], "colocated layout: trainer tp*pp*dp*cp=256 must equal"),
+        (["cluster.nodes=8"], "trainer world tp x pp x dp x cp = 256 must equal cluster.nodes x"),
+        (["plan.train_mfu=1.5"], "plan.train_mfu=1.5: must be finite and in (0, 1]"),
+        (["layout.engine_count=32"], "engine_tp x engine_count = 128 must cover the 256 GPUs when colocated"),
         (["model.nope=1"], "nope"),
     ],
 )

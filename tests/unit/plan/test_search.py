@@ -49,13 +49,16 @@ def test_structural_reasons(ref):
         tp=8, pp=2, dp=16, engine_tp=4, engine_count=64, recompute="selective", sequence_parallel=True
     )
     assert structural_reason(inp, base) is None
-    assert "span nodes" in structural_reason(inp, base.with_(tp=16, dp=8))
-    assert "does not divide 64 layers" in structural_reason(inp, base.with_(pp=3))
+    # The run's own rules (ParallelLayout.check), a collective across nodes named first.
+    assert "does not fit inside one node of 8 GPUs" in structural_reason(inp, base.with_(tp=16, dp=8))
+    assert "layout.pp=3: does not divide model.num_layers=64" in structural_reason(inp, base.with_(pp=3))
     # 4,096 samples / 4 minibatches = 1,024 sequences: DP 2,048 would leave ranks idle
-    assert "exceeds the 1024 sequences" in structural_reason(inp, base.with_(tp=1, pp=1, dp=2048))
+    big = dataclasses.replace(inp, hw=dataclasses.replace(inp.hw, nodes=256))  # 2,048 GPUs
+    idle = base.with_(tp=1, pp=1, dp=2048, engine_count=512)
+    assert "exceeds the 1024 sequences" in structural_reason(big, idle)
     odd = dataclasses.replace(
         inp, spec=dataclasses.replace(inp.spec, num_attention_heads=28, num_query_groups=4)
     )
-    assert "does not divide 28 heads" in structural_reason(
+    assert "layout.engine_tp=8: must divide model.num_attention_heads=28" in structural_reason(
         odd, base.with_(tp=4, dp=32, engine_tp=8, engine_count=32)
     )

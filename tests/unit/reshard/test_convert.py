@@ -10,8 +10,6 @@ from megatron_rl.reshard.convert import (
     bytes_equal,
     check_engine_tp,
     engine_layouts,
-    loader_batches,
-    loader_groups,
     materialize,
     megatron_layout,
     to_hf,
@@ -80,27 +78,6 @@ def test_engine_tp_constraints_are_named():
         check_engine_tp(replace(GQA8, num_query_groups=4, num_attention_heads=12, ffn_hidden_size=384), 3)
     with pytest.raises(ValueError, match="delivery"):
         engine_layouts(QWEN2_TINY, "disk", 1, 0)
-
-
-def test_loader_batches_keep_fused_groups_whole():
-    spec = QWEN2_TINY
-    groups = loader_groups(spec)
-    q = [g for g in groups if any("q_proj" in n for n in g)]
-    assert len(q) == spec.num_layers
-    # q, k, v weights and biases of a layer together
-    assert q[0] == [f"model.layers.0.self_attn.{x}_proj.{k}" for k in ("weight", "bias") for x in "qkv"]
-    assert all(len(g) == 6 for g in q)
-    gu = [g for g in groups if any("gate_proj" in n for n in g)]
-    assert all(len(g) == 2 and g[1].endswith("up_proj.weight") for g in gu)
-    flat = [n for g in groups for n in g]
-    assert len(flat) == len(set(flat)) == len(random_hf(spec))
-    hf = random_hf(spec)
-    batches = list(loader_batches(spec, hf))
-    assert [[n for n, _ in b] for b in batches] == groups
-    assert all(t is hf[n] for b in batches for n, t in b)
-    del hf["model.norm.weight"]
-    with pytest.raises(KeyError, match="model.norm.weight"):
-        list(loader_batches(spec, hf))
 
 
 def test_tied_engine_has_no_lm_head_and_untied_has_one():

@@ -6,6 +6,7 @@ import torch
 from megatron_rl.models.hf import all_hf_names
 from megatron_rl.rollout.weights import fused_group_key, group_fused
 from tests.helpers.specs import LLAMA_TINY_TIED, QWEN2_TINY
+from tests.unit.reshard.oracle import random_hf
 
 
 def _named(names):
@@ -22,6 +23,24 @@ def test_every_model_tensor_lands_in_exactly_one_whole_group(spec):
     assert len(qkv) == len(gate_up) == spec.num_layers
     assert {len(g) for g in qkv} == {6 if spec.qkv_bias else 3}
     assert {len(g) for g in gate_up} == {2}
+
+
+def test_groups_keep_publication_order_and_hand_the_tensors_through():
+    # What each reload call receives: the caller's own tensors (no copy), q/k/v weights then biases
+    # of a layer together, gate before up, and groups in the order their first member was published.
+    spec = QWEN2_TINY
+    hf = random_hf(spec)
+    groups = group_fused(hf.items())
+    assert groups[0][0][0] == next(iter(hf))
+    qkv = [g for g in groups if any("q_proj" in n for n, _ in g)]
+    assert [n for n, _ in qkv[0]] == [
+        f"model.layers.0.self_attn.{x}_proj.{k}" for k in ("weight", "bias") for x in "qkv"
+    ]
+    gate_up = [g for g in groups if any("gate_proj" in n for n, _ in g)]
+    assert all(g[0][0].endswith("gate_proj.weight") and g[1][0].endswith("up_proj.weight") for g in gate_up)
+    assert all(t is hf[n] for g in groups for n, t in g)
+    flat = [n for g in groups for n, _ in g]
+    assert len(flat) == len(set(flat)) == len(hf)
 
 
 def test_group_keys():

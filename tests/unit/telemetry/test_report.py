@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from megatron_rl.loop.run import switch_seconds
+from megatron_rl.loop.records import switch_seconds
 from megatron_rl.loop.summary import generation_tail_seconds
 from megatron_rl.telemetry.phases import PHASES
 from megatron_rl.telemetry.report import ReportError, load_records, phase_table, summarize

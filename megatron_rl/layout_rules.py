@@ -1,0 +1,230 @@
+"""The rules a parallel layout must follow, in one place.
+
+`ParallelLayout.check` applies all of them for `validate`, `submit`, the planner, its layout search
+and the driver; the reshard plan (`reshard/plan.py`) and the engine-side converter
+(`reshard/convert.py`) apply the parts they need, so a layout one of them refuses is a layout
+`validate` has refused first, with the same words. Each rule names the recipe key and the fix.
+"""
+
+from __future__ import annotations
+
+from megatron_rl.config.problem import Problem
+
+PLACEMENTS = ("colocated", "separated")
+SYNCHRONIES = ("sync", "one_step_async")
+RECOMPUTE_MODES = ("none", "selective", "full")
+SIZES = ("tp", "pp", "dp", "cp", "ep", "engine_tp", "engine_count")
+# vLLM pads its vocab-parallel embedding and LM head to a multiple of this, then splits it over TP.
+ENGINE_VOCAB_PAD = 64
+
+
+def _p(key: str, value, message: str, kind: str = "recipe") -> Problem:
+    return Problem(f"layout.{key}", value, message, kind)
+
+
+def size_problems(layout) -> list[Problem]:
+    """Enumerations and sizes: every later rule divides by these."""
+    out = []
+    for key, allowed in (
+        ("placement", PLACEMENTS),
+        ("synchrony", SYNCHRONIES),
+        ("recompute", RECOMPUTE_MODES),
+    ):
+        if getattr(layout, key) not in allowed:
+            out.append(_p(key, getattr(layout, key), f"must be one of {', '.join(allowed)}"))
+    for key in SIZES:
+        value = getattr(layout, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            out.append(_p(key, value, "must be an integer >= 1"))
+    return out
+
+
+def trainer_problems(layout, model) -> list[Problem]:
+    """Trainer TP, PP, CP and EP against the model (megatron-core's sharding)."""
+    out = []
+    kv, tp = model.num_query_groups, layout.tp
+    if kv % tp:
+        divisors = [t for t in range(1, kv + 1) if kv % t == 0]
+        out.append(
+            _p(
+                "tp",
+                tp,
+                f"megatron-core shards whole KV groups across TP, so layout.tp must divide "
+                f"model.num_query_groups={kv} (KV groups < TP is not supported by the trainer); "
+                f"use layout.tp in {divisors}",
+            )
+        )
+    if model.ffn_hidden_size % tp:
+        out.append(_p("tp", tp, f"must divide model.ffn_hidden_size={model.ffn_hidden_size}"))
+    layers = model.num_layers
+    if layout.pp_layers:
+        split = layout.pp_layers
+        if len(split) != layout.pp or sum(split) != layers or min(split) < 1:
+            out.append(
+                _p(
+                    "pp_layers",
+                    list(split),
+                    f"needs layout.pp={layout.pp} entries (each >= 1) summing to model.num_layers={layers}",
+                )
+            )
+    elif layers % layout.pp:
+        even = layout.stage_layers(layers)
+        out.append(
+            _p(
+                "pp",
+                layout.pp,
+                f"does not divide model.num_layers={layers}; pick a divisor or give an explicit uneven split "
+                f"in layout.pp_layers (e.g. {even})",
+            )
+        )
+    if layout.cp > 1:
+        out.append(
+            _p(
+                "cp",
+                layout.cp,
+                "context parallelism is not supported by this trainer yet; set layout.cp=1",
+                "driver",
+            )
+        )
+    if layout.ep > 1:
+        out.append(
+            _p(
+                "ep",
+                layout.ep,
+                "expert parallelism needs a mixture-of-experts model; this one is dense; set layout.ep=1",
+            )
+        )
+    return out
+
+
+def engine_problems(engine_tp: int, model) -> list[Problem]:
+    """Engine TP against the model (how vLLM shards heads, KV heads, the MLP and the vocabulary)."""
+    out = []
+    heads, kv = model.num_attention_heads, model.num_query_groups
+    if heads % engine_tp:
+        out.append(_p("engine_tp", engine_tp, f"must divide model.num_attention_heads={heads}"))
+    if engine_tp > kv and engine_tp % kv:
+        out.append(
+            _p(
+                "engine_tp",
+                engine_tp,
+                f"exceeds the {kv} KV heads and is not a multiple of them; vLLM replicates KV heads only "
+                "when engine_tp is a multiple of num_query_groups",
+            )
+        )
+    elif engine_tp <= kv and kv % engine_tp:
+        out.append(_p("engine_tp", engine_tp, f"must divide model.num_query_groups={kv}"))
+    if model.ffn_hidden_size % engine_tp:
+        out.append(_p("engine_tp", engine_tp, f"must divide model.ffn_hidden_size={model.ffn_hidden_size}"))
+    padded = -(-model.vocab_size // ENGINE_VOCAB_PAD) * ENGINE_VOCAB_PAD
+    if padded % engine_tp:
+        out.append(
+            _p(
+                "engine_tp",
+                engine_tp,
+                f"must divide the vocabulary padded to {ENGINE_VOCAB_PAD} ({padded} rows)",
+            )
+        )
+    return out
+
+
+def placement_problems(layout) -> list[Problem]:
+    """Placement and timing: what the layout asks of the driver."""
+    out = []
+    if layout.colocated and layout.engine_world > layout.trainer_world:
+        out.append(
+            _p(
+                "engine_count",
+                layout.engine_count,
+                f"engine_tp x engine_count = {layout.engine_world} engine ranks exceed the {layout.trainer_world} "
+                "trainer ranks they are colocated on; lower layout.engine_count or use layout.placement=separated",
+            )
+        )
+    if not layout.colocated:
+        out.append(
+            _p(
+                "placement",
+                layout.placement,
+                "separated pools are modelled by `megatron-rl plan` but the driver runs colocated engines only "
+                "for now; set layout.placement=colocated",
+                "driver",
+            )
+        )
+    if layout.synchrony == "one_step_async":
+        if layout.colocated:
+            out.append(
+                _p(
+                    "synchrony",
+                    layout.synchrony,
+                    "one-step asynchrony overlaps generation with training, which needs separated pools; "
+                    "set layout.synchrony=sync or layout.placement=separated",
+                )
+            )
+        else:
+            out.append(
+                _p(
+                    "synchrony",
+                    layout.synchrony,
+                    "the driver runs synchronously for now (the planner models the overlap); set layout.synchrony=sync",
+                    "driver",
+                )
+            )
+    return out
+
+
+def cluster_problems(layout, cluster) -> list[Problem]:
+    """The layout against the machines: groups inside a node, one rank per GPU, every GPU used."""
+    out = []
+    per_node = cluster.gpus_per_node
+    gpus = cluster.nodes * per_node
+    et = layout.engine_tp
+    if layout.tp > per_node or per_node % layout.tp:
+        out.append(
+            _p(
+                "tp",
+                layout.tp,
+                f"does not fit inside one node of {per_node} GPUs: tensor-parallel groups all-reduce every "
+                f"layer and must stay on a node's NVLink; use a divisor of {per_node}",
+            )
+        )
+    if et > per_node or per_node % et:
+        out.append(
+            _p(
+                "engine_tp",
+                et,
+                f"an engine must fit inside a node of {per_node} GPUs (engine_tp divides cluster.gpus_per_node)",
+            )
+        )
+    if layout.colocated:
+        if layout.trainer_world != gpus:
+            dp = max(gpus // (layout.tp * layout.pp * layout.cp), 1)
+            nodes = layout.trainer_world // per_node
+            resize = f"set cluster.nodes={nodes}" if nodes and layout.trainer_world % per_node == 0 else ""
+            out.append(
+                _p(
+                    "dp",
+                    layout.dp,
+                    f"trainer world tp x pp x dp x cp = {layout.trainer_world} must equal cluster.nodes x "
+                    f"cluster.gpus_per_node = {gpus} (one rank per GPU); set layout.dp={dp}, "
+                    + (f"or {resize}" if resize else "or change the cluster size"),
+                )
+            )
+        if layout.engine_world != gpus and layout.engine_world <= layout.trainer_world:
+            out.append(
+                _p(
+                    "engine_count",
+                    layout.engine_count,
+                    f"engine_tp x engine_count = {layout.engine_world} must cover the {gpus} GPUs when "
+                    f"colocated; set layout.engine_count={max(gpus // et, 1)}",
+                )
+            )
+    elif layout.trainer_world + layout.engine_world != gpus:
+        out.append(
+            _p(
+                "engine_count",
+                layout.engine_count,
+                f"trainer ({layout.trainer_world}) + engine ({et} x {layout.engine_count}) GPUs must equal the "
+                f"cluster's {gpus} (cluster.nodes x cluster.gpus_per_node)",
+            )
+        )
+    return out

@@ -1,0 +1,452 @@
+"""The plan of a recipe as typed data: one frozen dataclass per section of the report.
+
+The text renderer and the Gantt plot read these fields; `PlanReport.to_json()` is the one place the
+`--json` dict is made. Field names are the JSON keys (so a dotted key of REQUIRED_KEYS is also an
+attribute path), and field order is the JSON order, which `--json` readers may rely on. Three field
+markers cover where the JSON shape is not a plain field: `renamed` (a key Python cannot spell),
+`inlined` (a mapping whose keys sit beside the section's own), `omitted_when_none` (a section that is
+absent rather than null). Values keep the exact Python types the planner computed (an int stays an
+int), so the JSON is byte-identical to the dict the report used to be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from megatron_rl.plan.cycle import Cycle
+from megatron_rl.plan.generation import Generation
+from megatron_rl.plan.inputs import GIB
+
+_NAME, _INLINE, _OMIT = "json_name", "json_inline", "json_omit_none"
+T = TypeVar("T")
+
+
+def renamed(key: str) -> Any:
+    """A field whose JSON key is not a Python name (`async`)."""
+    return field(metadata={_NAME: key})
+
+
+def inlined() -> Any:
+    """A mapping whose items are written beside the section's own keys, not under its own key."""
+    return field(metadata={_INLINE: True})
+
+
+def omitted_when_none() -> Any:
+    """An optional section: its key is left out of the JSON when absent (not written as null)."""
+    return field(default=None, metadata={_OMIT: True})
+
+
+def to_json(x: Any) -> Any:
+    """Dataclasses to dicts in field order, tuples to lists, mappings copied; values as they are."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        out: dict = {}
+        for f in dataclasses.fields(x):
+            value = getattr(x, f.name)
+            if f.metadata.get(_OMIT) and value is None:
+                continue
+            if f.metadata.get(_INLINE):
+                out.update(to_json(value))
+            else:
+                out[f.metadata.get(_NAME, f.name)] = to_json(value)
+        return out
+    if isinstance(x, Mapping):
+        return {k: to_json(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [to_json(v) for v in x]
+    return x
+
+
+def from_dict(cls: type[T], d: Mapping[str, Any], **typed: Any) -> T:
+    """A section from a planner module's dict (keys as in the JSON); `typed` gives its nested sections.
+
+    Strict on purpose: a key the section has no field for is a TypeError, so a number a module adds
+    cannot slip out of the report unnoticed. Lists become tuples (the sections are frozen).
+    """
+    names = {f.metadata.get(_NAME, f.name): f.name for f in dataclasses.fields(cls)}
+    kwargs = {names.get(k, k): tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    return cls(**(kwargs | typed))
+
+
+@dataclass(frozen=True)
+class Units:
+    """How the report counts: bytes that move in decimal GB, memory held in GiB (both appear)."""
+
+    bytes_moved: str = "decimal GB = 1e9 B; rates GB/s"
+    memory_held: str = "GiB = 2^30 B"
+    links: str = "InfiniBand Gb/s divided by 8 -> GB/s"
+    flops: str = "FLOP (PFLOP = 1e15 in the text)"
+    time: str = "seconds"
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """The efficiencies and constants the prediction rests on, stated so a reader can dispute them."""
+
+    train_mfu: float
+    generation_bw_fraction: float
+    prefix_sharing: bool
+    trainer_runtime_gib: float
+    engine_runtime_gib: float
+    decode_allreduce_latency_s: float
+    max_num_seqs: int
+    host_link_gbps: float
+    restart_s: float
+    completion_lengths: str = "mean for the bulk; the longest completion reaches the cap"
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    name: str
+    params: int
+    matmul_params: int
+    dtype: str
+    layers: int
+    hidden: int
+    kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class ClusterSummary:
+    """The hardware in the units the text prints (GiB held, GB/s moved, TFLOPS, days)."""
+
+    nodes: int
+    gpus_per_node: int
+    gpus: int
+    gpu_memory_gib: float
+    hbm_gbps: float
+    peak_tflops: float
+    nvlink_gbps: float
+    node_ib_gbps: float
+    storage_gbps: float
+    node_mtbf_days: float
+
+
+@dataclass(frozen=True)
+class CycleRow:
+    """One layout's step, flattened for tables: the recipe's own, a split of its GPUs, a search hit."""
+
+    describe: str = renamed("layout")
+    placement: str
+    synchrony: str
+    tp: int
+    pp: int
+    dp: int
+    engine_tp: int
+    engine_count: int
+    recompute: str
+    engine_gpus: int
+    trainer_gpus: int
+    gpus: int
+    phases_s: Mapping[str, float]
+    serial_s: float
+    collection_s: float
+    learning_s: float
+    overlapped_s: float
+    step_s: float
+    gpu_seconds: float
+    peak_gib: float
+    fits: bool
+    reasons: tuple[str, ...]
+
+    @classmethod
+    def of(cls, c: Cycle) -> CycleRow:
+        lay = c.layout
+        return cls(
+            describe=lay.describe(),
+            placement=lay.placement,
+            synchrony=lay.synchrony,
+            tp=lay.tp,
+            pp=lay.pp,
+            dp=lay.dp,
+            engine_tp=lay.engine_tp,
+            engine_count=lay.engine_count,
+            recompute=lay.recompute,
+            engine_gpus=lay.engine_gpus,
+            trainer_gpus=lay.trainer_gpus,
+            gpus=lay.gpus,
+            phases_s=dict(c.phases),
+            serial_s=c.serial_s,
+            collection_s=c.collection_s,
+            learning_s=c.learning_s,
+            overlapped_s=c.overlapped_s,
+            step_s=c.step_s,
+            gpu_seconds=c.gpu_seconds,
+            peak_gib=c.memory["peak"] / GIB,
+            fits=c.fits,
+            reasons=tuple(c.reasons),
+        )
+
+
+@dataclass(frozen=True)
+class PerSampleTokens:
+    prompt: int
+    completion: int  # mean
+    completion_cap: int
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Tokens of one step; the prompt counted once per sample, and once per group as `prompt_unique`."""
+
+    sequences: int
+    prompt: int
+    prompt_unique: int
+    completion: int
+    trained: int
+    per_sample: PerSampleTokens
+
+
+@dataclass(frozen=True)
+class Flops:
+    train: float
+    train_recompute_extra: float
+    logprob_forwards: float
+    old_logprobs: float
+    ref_logprobs: float
+    prefill_shared: float
+    prefill_unshared: float
+
+
+@dataclass(frozen=True)
+class GpuSeconds:
+    """GPU-seconds of work at the assumed efficiencies; `*_held` counts GPUs held, busy or not."""
+
+    train: float
+    train_recompute_extra: float
+    logprob_forwards: float
+    generation: float
+    generation_held: float
+    prefill: float
+    step_held: float
+    step_work: float
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """The CPU pool: `serial_s` unstreamed; streamed, `hidden_s` of it overlaps generation."""
+
+    core_seconds: float
+    waves: int
+    serial_s: float
+    exposed_s: float
+    hidden_s: float
+
+
+@dataclass(frozen=True)
+class Seconds:
+    """Wall seconds of the step that runs (calibrated when measured); `phases` are written inline."""
+
+    longest_completion_floor: float
+    scoring: float
+    scoring_exposed: float
+    scoring_hidden: float
+    serial_cycle: float
+    overlapped_cycle: float | None  # None: no overlapped option fits these GPUs
+    collection_path: float | None
+    learning_path: float | None
+    step: float
+    phases: Mapping[str, float] = inlined()  # every phase but scoring (above, split)
+
+
+@dataclass(frozen=True)
+class PublicationCut:
+    cut: str
+    bytes: float
+    gbps: float
+    floor_s: float
+
+
+@dataclass(frozen=True)
+class PublicationSchemes:
+    """One node's IB as the bottleneck: one copy, k replicas through it, a broadcast tree."""
+
+    link_gbps: float
+    replicas: int
+    one_copy_s: float
+    k_replicas_one_bottleneck_s: float
+    broadcast_tree_s: float
+
+
+@dataclass(frozen=True)
+class Publication:
+    bytes: float
+    cuts: tuple[PublicationCut, ...]
+    floor_s: float
+    schemes: PublicationSchemes
+    pack_s: float
+    install_s: float
+    validate_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class TrainerMemory:
+    """GiB per trainer GPU on the heaviest PP stage; `total` is the training-phase peak."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    logits: float
+    reference: float
+    runtime: float
+    total: float
+    reference_logprobs_total: float
+    stage: int
+    in_flight_microbatches: int
+    stages: int
+    recompute: str
+    resident_while_generating: float
+    resident_at_engine_construction: float
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    weights: float
+    runtime: float
+    kv_cache: float
+    total: float
+    kv_tokens_per_engine: int
+    resident_while_training: float
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Memory per GPU in GiB; activations by recompute mode show what each mode would buy."""
+
+    trainer_per_gpu: float
+    engine_per_gpu: float
+    peak_per_gpu: float
+    gpu_memory: float
+    trainer: TrainerMemory
+    engine: EngineMemory
+    activations_by_recompute: Mapping[str, float]
+    fits: bool
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    bytes: float
+    bytes_per_param: int
+    write_s: float
+    read_s: float
+    blocking_s: float
+    async_save: bool = renamed("async")
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """Failures and checkpoints over the whole run; `interval_source` is recipe, young_daly or never."""
+
+    checkpoint: Checkpoint
+    nodes: int
+    job_mtbf_s: float
+    expected_failures: float
+    young_daly_interval_s: float
+    young_daly_interval_if_sync_s: float
+    interval_steps: int
+    interval_steps_optimal: int
+    interval_source: str
+    saves: int
+    save_overhead_s: float
+    restart_s: float
+    lost_per_failure_s: float
+    expected_lost_s: float
+    startup_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class Target:
+    steps: int
+    hours: float
+    predicted_hours: float
+    margin_hours: float
+    steps_in_target: int
+    predicted_hours_with_young_daly: float | None  # only when the recipe never saves
+
+
+@dataclass(frozen=True)
+class Dominant:
+    """The phase that leads in GPU-seconds of work and the one that leads in wall time, and why."""
+
+    gpu_seconds: str
+    wall: str
+    work_gpu_s: Mapping[str, float]
+    wall_s: Mapping[str, float]
+    why: str
+
+
+@dataclass(frozen=True)
+class CalibrationSummary:
+    """Measured (median) vs predicted phase seconds; a phase is rescaled by a factor or an offset."""
+
+    steps: int
+    measured_s: Mapping[str, float]
+    predicted_s: Mapping[str, float]
+    factors: Mapping[str, float]
+    offsets: Mapping[str, float]
+    init_s: float | None
+    mem_gib_max: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Rejection:
+    layout: str
+    reason: str
+    kind: str  # memory, topology or divisibility
+
+
+@dataclass(frozen=True)
+class SearchSummary:
+    gpus: int
+    evaluated: int
+    ranked: tuple[CycleRow, ...]
+    accepted: int
+    rejected_by_kind: Mapping[str, int]
+    rejected_examples: tuple[Rejection, ...]
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """Everything the planner knows about a recipe on its layout (built by report.build_report)."""
+
+    recipe: str
+    units: Units
+    assumptions: Assumptions
+    model: ModelSummary
+    cluster: ClusterSummary
+    layout: CycleRow
+    weights_bytes: int
+    kv_bytes_per_token: int
+    tokens: Tokens
+    flops: Flops
+    gpu_seconds: GpuSeconds
+    generation: Generation
+    scoring: Scoring
+    seconds: Seconds
+    phases_s: Mapping[str, float]  # the step that runs, calibrated when measured
+    overlap: CycleRow | None  # the overlapped steady state, if any split of these GPUs fits
+    splits: tuple[CycleRow, ...]  # colocated vs separated on all GPUs
+    publication: Publication
+    memory_gib: MemoryReport
+    reliability: Reliability
+    target: Target
+    meets_target: bool
+    dominant: Dominant
+    calibrated: bool
+    calibration: CalibrationSummary | None = omitted_when_none()
+    search: SearchSummary | None = omitted_when_none()
+
+    def to_json(self) -> dict:
+        """The `--json` dict: every section in field order (non-finite numbers left to the caller)."""
+        out = to_json(self)
+        # The own layout also carries its description as "describe", a key --json readers use.
+        out["layout"]["describe"] = self.layout.describe
+        return out

@@ -1,0 +1,152 @@
+"""The one recipe check: every number range-checked, and whatever the driver refuses, validate refuses first."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+
+import pytest
+
+from megatron_rl.check import ENUMS, NUMERIC, check_recipe, refused
+from megatron_rl.config import schema
+from megatron_rl.config.load import load_recipe
+
+CONVENTION = {"rollout.temperature", "rollout.top_p", "rollout.top_k"}  # rollout/convention.py
+
+
+def _numeric_keys(node: type, prefix: str = "") -> list[str]:
+    """Every int/float (or list of them) field of the schema, by dotted key."""
+    hints = typing.get_type_hints(node, vars(schema))
+    out = []
+    for f in dataclasses.fields(node):
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            out += _numeric_keys(t, f"{prefix}{f.name}.")
+            continue
+        args = set(typing.get_args(t)) | {t}
+        inner = {a for x in args for a in typing.get_args(x)} | args
+        if (int in inner or float in inner) and bool not in inner:
+            out.append(prefix + f.name)
+    return out
+
+
+def test_every_numeric_key_of_the_schema_has_a_range():
+    keys = _numeric_keys(schema.RecipeConfig)
+    assert len(keys) > 60, keys  # the walk found the schema
+    missing = [k for k in keys if k not in NUMERIC and k not in ENUMS and k not in CONVENTION]
+    assert missing == [], f"give these a range in megatron_rl/check.py NUMERIC: {missing}"
+    stale = [k for k in NUMERIC if k not in keys]
+    assert stale == [], f"NUMERIC names keys the schema does not have: {stale}"
+
+
+def _outside(rng) -> list:
+    """Values just outside a range, plus the non-finite ones."""
+    lo, hi, lo_in, hi_in = rng
+    bad = [float("nan"), float("inf"), float("-inf")]
+    if lo is not None:
+        bad.append(lo - 1 if lo_in else lo)
+    if hi is not None:
+        bad.append(hi + 1 if hi_in else hi)
+    return bad
+
+
+CASES = [(k, v) for k, rng in NUMERIC.items() for v in _outside(rng)]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_recipe("grpo_tiny_cpu")
+
+
+@pytest.mark.parametrize("key,value", CASES, ids=[f"{k}={v}" for k, v in CASES])
+def test_each_out_of_range_value_is_refused_naming_its_key(tiny, key, value):
+    recipe = dataclasses.replace(tiny)  # shallow: rebuild the group we touch
+    group, _, leaf = key.rpartition(".")
+    if group:
+        sub = dataclasses.replace(getattr(tiny, group))
+        old = getattr(sub, leaf)
+        setattr(sub, leaf, [value] if isinstance(old, list) else value)
+        setattr(recipe, group, sub)
+    else:
+        setattr(recipe, leaf, value)
+    problems = check_recipe(recipe)
+    assert any(p.key == key for p in problems), f"{key}={value} passed: {problems}"
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "rollout.temperature=nan",
+        "optim.lr=-1",
+        "steps=-5",
+        "reward.timeout_s=-1",
+        "reward.workers=-3",
+        "checkpoint.keep_last=-1",
+        "rollout.gpu_memory_utilization=5",
+        "algorithm.kl_coef=nan",
+        "rollout.top_k=0",
+        "rollout.top_p=0",
+        "optim.adam_beta2=1",
+        "rollout.stop_token_ids=[5,-1]",
+        "optim.lr=1e38",  # finite, but Adam's first step lr / (1 - beta1) overflows float32
+    ],
+)
+def test_the_reported_values_are_refused(override):
+    key = override.split("=")[0]
+    problems = check_recipe(load_recipe("grpo_tiny_cpu", [override]))
+    assert [p.key for p in problems] == [key], problems
+
+
+def test_the_shipped_values_pass():
+    assert check_recipe(load_recipe("grpo_tiny_cpu")) == []
+
+
+# Settings the training driver cannot run yet: refused by validate (kind "driver"), modelled by the planner.
+DRIVER_ONLY = [
+    (["layout.placement=separated", "cluster.nodes=2"], "layout.placement"),  # trainer 2 + engines 2
+    (["rollout.top_p=0.9"], "rollout.top_p"),
+    (["rollout.top_k=20"], "rollout.top_k"),
+    (["layout.cp=2", "layout.dp=1", "layout.tp=1", "cluster.gpus_per_node=2"], "layout.cp"),
+]
+
+
+@pytest.mark.parametrize("overrides,key", DRIVER_ONLY, ids=[k for _, k in DRIVER_ONLY])
+def test_what_the_driver_refuses_validate_refuses_and_the_planner_models(overrides, key):
+    problems = check_recipe(load_recipe("grpo_tiny_cpu", overrides))
+    driver = [p for p in problems if p.kind == "driver"]
+    assert [p.key for p in driver] == [key], problems
+    assert refused(problems, "validate") and refused(problems, "run")
+    assert not refused(problems, "plan"), problems
+
+
+def test_async_needs_separated_pools():
+    colocated = check_recipe(load_recipe("grpo_tiny_cpu", ["layout.synchrony=one_step_async"]))
+    assert [(p.key, p.kind) for p in colocated] == [("layout.synchrony", "recipe")]
+
+
+def test_missing_files_are_refused_by_the_driver_and_noted_by_validate(tmp_path):
+    from megatron_rl.check import notes
+
+    recipe = load_recipe(
+        "grpo_tiny_cpu", [f"model.hf_checkpoint={tmp_path}/nope", f"data.source={tmp_path}/none.jsonl"]
+    )
+    problems = check_recipe(recipe)
+    assert {p.key for p in problems} == {"model.hf_checkpoint", "data.source"}
+    assert refused(problems, "run") and not refused(problems, "validate")
+    assert all(line.startswith("not checked here:") for line in notes(problems, "validate"))
+    (tmp_path / "nope").mkdir()
+    (tmp_path / "nope" / "config.json").write_text("{}")
+    (tmp_path / "none.jsonl").write_text("")
+    assert check_recipe(recipe) == []
+
+
+def test_ranges_reject_what_math_would_accept():
+    # -0.0, True (a bool is an int in Python) and a huge int are the inputs a sloppy check lets through.
+    recipe = load_recipe("grpo_tiny_cpu")
+    recipe.optim.adam_eps = -0.0
+    recipe.reward.workers = True
+    recipe.steps = 10**30
+    keys = {p.key for p in check_recipe(recipe)}
+    assert {"optim.adam_eps", "reward.workers"} <= keys
+    assert math.isfinite(recipe.steps)  # a huge step count is a valid (if long) run
