@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test test-unit test-dist test-integration lint format venv system prereqs clean
+.PHONY: demo demo-hf test test-unit test-dist test-integration lint format venv system prereqs clean
 
 # Every prerequisite (system packages, a Python that can build .venv, disk) before anything is built:
 # missing ones are installed when this user may (root with apt-get), else one line says what to run.
@@ -34,6 +34,11 @@ system:
 # resume the first one.
 demo: prereqs $(STAMP)
 	MEGATRON_RL_RUN_NAME=grpo_tiny_cpu-$$(date +%Y%m%d-%H%M%S) $(BIN)/python -m megatron_rl.launch_local grpo_tiny_cpu
+
+# The real-checkpoint path on CPU: a tiny Qwen2-format checkpoint (built once under .cache/), its
+# tokenizer and chat template, end-of-sequence stops, the sandbox, checkpoints (export: tools/export_hf.py).
+demo-hf: prereqs $(STAMP)
+	MEGATRON_RL_RUN_NAME=grpo_tiny_hf_cpu-$$(date +%Y%m%d-%H%M%S) $(BIN)/python -m megatron_rl.launch_local grpo_tiny_hf_cpu
 
 test: prereqs $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15 tests

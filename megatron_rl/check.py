@@ -18,32 +18,54 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
+from megatron_rl.config.choices import (
+    FAMILIES,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    OVERLONG_MODES,
+    REFERENCE_PLACEMENTS,
+    REFUSAL_POLICIES,
+    REWARD_KINDS,
+    REWARD_MODES,
+)
 from megatron_rl.config.problem import ConfigError, Problem
 from megatron_rl.config.schema import RecipeConfig
 from megatron_rl.layout import ParallelLayout
+from megatron_rl.models.dtypes import RECIPE_DTYPES
+from megatron_rl.models.resolve import (
+    CheckpointConfigError,
+    disagreements,
+    model_problems,
+    resolve_model,
+    tokenizer_problems,
+)
 from megatron_rl.rollout.convention import convention_problems, full_vocab_problem
-from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
+from megatron_rl.rollout.delivery import SLEEP_LEVELS, delivery_for, sleep_level_for
 
 MIN_DIST_TIMEOUT_S = 60.0
+MAX_PROMPTS_CHECKED = 20_000  # prompts `validate` tokenizes to check their length
 FLOAT32_MAX = 3.4028234663852886e38
 # Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (or no limit).
 SLURM_TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
 
 ENUMS = {
-    "model.family": ("llama", "qwen2", "qwen3"),
-    "model.params_dtype": ("bf16", "fp16", "fp32"),
+    "model.family": FAMILIES,
+    "model.params_dtype": RECIPE_DTYPES,
+    "model.fixture": ("", "qwen2", "qwen3", "llama"),
     "algorithm.name": ("grpo",),
-    "algorithm.kl_estimator": ("k1", "k2", "k3"),
-    "algorithm.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
-    "algorithm.overlong": ("none", "mask", "penalty"),
-    "algorithm.reference": ("resident", "offload"),
+    "algorithm.kl_estimator": KL_ESTIMATORS,
+    "algorithm.loss_agg": LOSS_AGGREGATIONS,
+    "algorithm.overlong": OVERLONG_MODES,
+    "algorithm.reference": REFERENCE_PLACEMENTS,
     "rollout.engine": ("vllm",),
-    "rollout.on_refused_publication": ("stop", "skip", "retry"),
-    "rollout.sleep_level": (0, 1, 2),
-    "reward.kind": ("sandbox", "function"),
-    "reward.mode": ("all_or_nothing", "fraction"),
+    "rollout.on_refused_publication": REFUSAL_POLICIES,
+    "rollout.sleep_level": SLEEP_LEVELS,
+    "reward.kind": REWARD_KINDS,
+    "reward.mode": REWARD_MODES,
+    "optim.lr_schedule": ("constant", "cosine"),
 }
 
 # Every numeric key of the schema and its range: (low, high, low inclusive, high inclusive); None =
@@ -72,10 +94,13 @@ NUMERIC: dict[str, tuple] = {
         )
     },
     "model.rope_theta": GT0,
+    "model.rope_scaling_factor": GE1,
+    "model.rope_low_freq_factor": GT0,
+    "model.rope_high_freq_factor": GT0,
+    "model.rope_original_max_position": GE0,
     "model.norm_eps": (0, 1, False, False),
     **{f"layout.{k}": GE1 for k in ("tp", "pp", "dp", "cp", "ep", "engine_tp", "engine_count")},
     "layout.pp_layers": GE1,
-    "layout.engine_gpus": GE0,
     "algorithm.clip_low": (0, 1, True, False),
     "algorithm.clip_high": GE0,
     "algorithm.kl_coef": GE0,
@@ -158,11 +183,18 @@ def _range_text(lo, hi, lo_in, hi_in) -> str:
     return f"in {'[' if lo_in else '('}{lo}, {hi}{']' if hi_in else ')'}"
 
 
+# No count, size or id in a recipe comes near this; larger ones overflow the float arithmetic of the
+# planner and the int32/int64 indices of torch.
+MAX_INT = 2**40
+
+
 def _out_of_range(value, rng) -> bool:
     lo, hi, lo_in, hi_in = rng
     if isinstance(value, bool) or not isinstance(value, int | float):
         return True
-    if not math.isfinite(value):
+    if isinstance(value, int) and abs(value) > MAX_INT:
+        return True
+    if isinstance(value, float) and not math.isfinite(value):
         return True
     if lo is not None and (value < lo or (value == lo and not lo_in)):
         return True
@@ -180,16 +212,34 @@ def numeric_problems(cfg: RecipeConfig) -> list[Problem]:
         if any(_out_of_range(v, rng) for v in items):
             hint = f" ({RANGE_HINTS[key]})" if key in RANGE_HINTS else ""
             what = "every entry must be" if isinstance(value, list | tuple) else "must be finite and"
+            if any(isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT for v in items):
+                hint += " (and at most 2^40)"
             out.append(Problem(key, value, f"{what} {_range_text(*rng)}{hint}"))
     return out
 
 
-def check_recipe(cfg: RecipeConfig) -> list[Problem]:
-    """Every problem of a recipe, of every kind (empty list = it can run)."""
+def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
+    """Every problem of a recipe, of every kind (empty list = it can run).
+
+    `read_data` also reads the problem set through the model's tokenizer (when both are readable
+    here) to find prompts longer than data.max_prompt_tokens; the planner skips it."""
     out: list[Problem] = []
 
     def bad(key: str, message: str, kind: str = "recipe") -> None:
         out.append(Problem(key, _get(cfg, key), message, kind))
+
+    # The model the recipe means: unset keys from its checkpoint's config.json, which set keys must
+    # agree with (models/resolve.py); everything below checks that resolved model.
+    try:
+        model = resolve_model(cfg.model)
+    except CheckpointConfigError as e:
+        return [Problem("model.hf_checkpoint", cfg.model.hf_checkpoint, str(e))]
+    out += disagreements(cfg.model)
+    out += model_problems(model)
+    out += tokenizer_problems(model)
+    if out:
+        return out + file_problems(cfg)  # no shape to check the layout, lengths or memory against
+    cfg = replace(cfg, model=model)
 
     for key, allowed in ENUMS.items():
         if _get(cfg, key) not in allowed:
@@ -204,14 +254,22 @@ def check_recipe(cfg: RecipeConfig) -> list[Problem]:
     m, alg, data, cl, opt = cfg.model, cfg.algorithm, cfg.data, cfg.cluster, cfg.optim
 
     # ---- names (the run's folders and W&B group are named after the recipe) ----
-    if not re.fullmatch(r"[\w.+-]{1,128}", cfg.name):
-        bad("name", "must be 1-128 letters, digits or . _ + - (it names the run's folders)")
+    if not re.fullmatch(r"(?!\.+$)[\w.+-]{1,128}", cfg.name):
+        bad("name", "must be 1-128 letters, digits or . _ + -, not only dots (it names the run's folders)")
     if not m.name.strip():
         bad("model.name", "must not be empty")
 
     # ---- model shape ----
     if m.num_attention_heads % m.num_query_groups:
         bad("model.num_query_groups", f"must divide model.num_attention_heads={m.num_attention_heads}")
+    if m.rope_scaling == "llama3":
+        if m.rope_high_freq_factor <= m.rope_low_freq_factor:
+            bad(
+                "model.rope_high_freq_factor",
+                f"must exceed model.rope_low_freq_factor={m.rope_low_freq_factor}",
+            )
+        if m.rope_original_max_position < 1:
+            bad("model.rope_original_max_position", "must be >= 1 (the context the model was pre-trained at)")
     if m.head_dim is None and m.hidden_size % m.num_attention_heads:
         bad(
             "model.hidden_size",
@@ -222,11 +280,6 @@ def check_recipe(cfg: RecipeConfig) -> list[Problem]:
     layout = ParallelLayout.from_config(cfg.layout)
     out += layout.check(m, cl)
     lay = cfg.layout
-    if not layout.colocated and lay.engine_gpus and lay.engine_gpus != layout.engine_gpus:
-        bad(
-            "layout.engine_gpus",
-            f"but engine_tp x engine_count = {layout.engine_gpus}; make them agree (or leave it 0)",
-        )
 
     # ---- batch ----
     samples = data.prompts_per_step * ro.samples_per_prompt
@@ -247,6 +300,13 @@ def check_recipe(cfg: RecipeConfig) -> list[Problem]:
                 f"layout.dp={lay.dp} ranks x micro_batch_size={opt.micro_batch_size}",
             )
 
+    # Problem prompts are tokenized with the model's own tokenizer and chat template.
+    if data.source != "synthetic" and not m.hf_checkpoint:
+        bad(
+            "data.source",
+            "needs the model's tokenizer: set model.hf_checkpoint (or use data.source=synthetic)",
+        )
+
     # ---- lengths ----
     if data.max_prompt_tokens + ro.max_new_tokens > m.max_position_embeddings:
         bad(
@@ -263,6 +323,11 @@ def check_recipe(cfg: RecipeConfig) -> list[Problem]:
         bad("data.prompt_tokens", f"exceeds data.max_prompt_tokens={data.max_prompt_tokens}")
     if opt.lr / (1 - opt.adam_beta1) > FLOAT32_MAX:
         bad("optim.lr", f"Adam's first step size lr / (1 - adam_beta1) overflows float32 ({FLOAT32_MAX:.2e})")
+    if opt.lr_schedule == "cosine" and opt.warmup_steps >= cfg.steps:
+        bad(
+            "optim.warmup_steps",
+            f"leaves nothing of the {cfg.steps} steps to decay over (lr_schedule=cosine)",
+        )
     if opt.min_lr > opt.lr:
         bad("optim.min_lr", f"exceeds optim.lr={opt.lr}")
     if any(t >= m.vocab_size for t in ro.stop_token_ids):
@@ -276,7 +341,7 @@ def check_recipe(cfg: RecipeConfig) -> list[Problem]:
     # ---- reward, cluster, publication ----
     if cfg.reward.kind == "function" and not re.fullmatch(r"[\w.]+:\w+", cfg.reward.function):
         bad("reward.function", "must name a module:function for reward.kind=function")
-    if cl.time_limit and not SLURM_TIME.match(cl.time_limit):
+    if not SLURM_TIME.match(cl.time_limit):
         bad("cluster.time_limit", "is not a Slurm time; use e.g. 48:00:00, 2-00:00:00 or 90 (minutes)")
     # `skip` samples with the previous version after a refusal; a level-2 sleep has discarded it by then
     level = sleep_level_for(ro.sleep_level, delivery_for(on_gpu=cl.gpu != "cpu"))
@@ -291,14 +356,52 @@ def check_recipe(cfg: RecipeConfig) -> list[Problem]:
     out += file_problems(cfg)
     if not [p for p in out if p.kind in ("recipe", "driver")]:
         out += memory_problems(cfg, layout)
+    if read_data and not out and data.source != "synthetic":
+        out += prompt_problems(cfg)
     return out
+
+
+def prompt_problems(cfg: RecipeConfig) -> list[Problem]:
+    """The problem set as the driver will read it, through the model's tokenizer and chat template:
+    a malformed record, or a prompt longer than data.max_prompt_tokens (which would fail when drawn,
+    hours into a run), is refused here. Needs transformers: only reached with readable files."""
+    from transformers import AutoTokenizer
+
+    from megatron_rl.data.problems import load_problems
+    from megatron_rl.data.task import ProblemTask
+
+    d, ckpt = cfg.data, cfg.model.hf_checkpoint
+    try:
+        tok = AutoTokenizer.from_pretrained(ckpt)
+    except (OSError, ValueError) as e:
+        return [Problem("model.hf_checkpoint", ckpt, f"holds no tokenizer transformers can load: {e}")]
+    try:
+        task = ProblemTask(
+            load_problems(d.source, d.columns), tok, d.seed, d.max_prompt_tokens, d.shuffle, d.system_prompt
+        )
+    except (ValueError, OSError) as e:
+        return [Problem("data.source", d.source, f"cannot be read as problems: {e}")]
+    cap = cfg.data.max_prompt_tokens
+    sizes = [(len(task.encode_prompt(p.prompt)), p.id) for p in task.problems[:MAX_PROMPTS_CHECKED]]
+    long = sorted((n, pid) for n, pid in sizes if n > cap)
+    if not long:
+        return []
+    n, pid = long[-1]
+    return [
+        Problem(
+            "data.max_prompt_tokens",
+            cap,
+            f"{len(long)} of {len(sizes)} prompts are longer (the longest: problem {pid!r}, {n} tokens with "
+            "the chat template); raise it or drop those problems",
+        )
+    ]
 
 
 def file_problems(cfg: RecipeConfig) -> list[Problem]:
     """Paths the recipe names that cannot be read from this machine."""
     out = []
     ckpt = cfg.model.hf_checkpoint
-    if ckpt and not (Path(ckpt) / "config.json").is_file():
+    if ckpt and not (Path(ckpt) / "config.json").is_file() and cfg.model.num_layers is not None:
         out.append(
             Problem(
                 "model.hf_checkpoint",
@@ -307,13 +410,45 @@ def file_problems(cfg: RecipeConfig) -> list[Problem]:
                 "files",
             )
         )
-    source = cfg.data.source
-    if source not in ("bundled", "synthetic") and not Path(source).exists():
+    resume = cfg.checkpoint.resume
+    if resume not in ("auto", "none") and not Path(resume).expanduser().is_dir():
         out.append(
             Problem(
-                "data.source", source, "is neither bundled, synthetic nor an existing file or folder", "files"
+                "checkpoint.resume",
+                resume,
+                "is neither auto, none nor an existing checkpoint folder (a step folder or a run's folder of them)",
+                "files",
             )
         )
+    for key in ("logger.run_dir", "checkpoint.dir"):
+        where = Path(_get(cfg, key)).expanduser()
+        blocked = next((p for p in (where, *where.parents) if p.exists() and not p.is_dir()), None)
+        if blocked is not None:
+            out.append(Problem(key, str(where), f"cannot be a folder: {blocked} is a file", "files"))
+    if cfg.reward.kind == "function" and re.fullmatch(r"[\w.]+:\w+", cfg.reward.function):
+        import importlib.util
+
+        module = cfg.reward.function.split(":")[0]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(
+                Problem(
+                    "reward.function",
+                    cfg.reward.function,
+                    f"module {module!r} is not importable here",
+                    "files",
+                )
+            )
+    source = cfg.data.source
+    if source != "synthetic":
+        from megatron_rl.data.sources import source_problem
+
+        why = source_problem(source)
+        if why:
+            out.append(Problem("data.source", source, why, "files"))
     return out
 
 
@@ -358,9 +493,10 @@ def memory_problems(cfg: RecipeConfig, layout: ParallelLayout) -> list[Problem]:
 
 # Which kinds each command refuses (the rest it may print as notes).
 REFUSES = {
-    "run": ("recipe", "driver", "memory", "files"),  # the driver, before building anything
+    "run": ("recipe", "driver", "memory", "files", "unknown"),  # the driver, before building anything
     "validate": ("recipe", "driver", "memory"),  # files on the cluster's storage may be unreadable here
-    "plan": ("recipe",),  # the planner models future layouts and shows memory that does not fit
+    # The planner models future layouts and shows memory that does not fit, but needs the model's shape.
+    "plan": ("recipe", "unknown"),
 }
 
 
@@ -373,7 +509,7 @@ def notes(problems: list[Problem], purpose: str) -> list[str]:
     out = []
     for p in problems:
         if p.kind not in REFUSES[purpose]:
-            if p.kind == "files":
+            if p.kind in ("files", "unknown"):
                 out.append(f"not checked here: {p}; the driver checks it before building anything")
             else:
                 out.append(f"note: {p}")

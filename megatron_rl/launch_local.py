@@ -41,8 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a != "--verbose"]
     recipe_name, overrides = argv[0], argv[1:]
     try:
-        recipe = validate_recipe(load_recipe(recipe_name, overrides))  # the driver's own check, first
-    except (ConfigError, RecipeError, RecipeNotFound) as e:
+        recipe = load_recipe(recipe_name, overrides)
+        if recipe.model.fixture and recipe.model.hf_checkpoint:  # a CPU demo's checkpoint, built once
+            from megatron_rl.models.fixture import build_fixture
+
+            build_fixture(recipe.model.fixture, Path(recipe.model.hf_checkpoint))
+        validate_recipe(recipe)  # the driver's own check, before any process starts
+    except (ConfigError, RecipeError, RecipeNotFound, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     nproc = ParallelLayout.from_config(recipe.layout).gpus

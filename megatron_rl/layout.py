@@ -129,12 +129,12 @@ class ParallelLayout:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp}
 
     def stage_layers(self, num_layers: int) -> list[int]:
-        """Layers per pipeline stage: the explicit split, else an even one (the first stages take one
-        more when PP does not divide the layers; `validate` refuses that case for a run)."""
+        """Layers per pipeline stage: the explicit split, else an even one (when PP does not divide the
+        layers, megatron-core's: an even middle, the rest on the first and last stages; `validate`
+        refuses that case for a run without an explicit split)."""
         if self.pp_layers:
             return list(self.pp_layers)
-        base, extra = divmod(num_layers, self.pp)
-        return [base + (1 if i < extra else 0) for i in range(self.pp)]
+        return rules.megatron_split(num_layers, self.pp)
 
     def stage_range(self, num_layers: int, stage: int) -> range:
         """Global layer indices held by one PP stage."""

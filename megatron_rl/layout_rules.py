@@ -18,6 +18,16 @@ SIZES = ("tp", "pp", "dp", "cp", "ep", "engine_tp", "engine_count")
 ENGINE_VOCAB_PAD = 64
 
 
+def megatron_split(layers: int, pp: int) -> list[int]:
+    """Layers per PP stage as megatron-core builds them: an even middle, the rest on the first and last
+    stages (`num_layers_in_first/last_pipeline_stage`)."""
+    if pp == 1:
+        return [layers]
+    base = layers // pp
+    rest = layers - base * pp
+    return [base + rest - rest // 2] + [base] * (pp - 2) + [base + rest // 2]
+
+
 def _p(key: str, value, message: str, kind: str = "recipe") -> Problem:
     return Problem(f"layout.{key}", value, message, kind)
 
@@ -67,8 +77,17 @@ def trainer_problems(layout, model) -> list[Problem]:
                     f"needs layout.pp={layout.pp} entries (each >= 1) summing to model.num_layers={layers}",
                 )
             )
+        elif len(set(split[1:-1])) > 1:
+            out.append(
+                _p(
+                    "pp_layers",
+                    list(split),
+                    "megatron-core takes an uneven split as first and last stage sizes and divides the "
+                    f"middle stages evenly, so the middle entries must be equal (e.g. {megatron_split(layers, layout.pp)})",
+                )
+            )
     elif layers % layout.pp:
-        even = layout.stage_layers(layers)
+        even = megatron_split(layers, layout.pp)
         out.append(
             _p(
                 "pp",
@@ -197,16 +216,18 @@ def cluster_problems(layout, cluster) -> list[Problem]:
         )
     if layout.colocated:
         if layout.trainer_world != gpus:
-            dp = max(gpus // (layout.tp * layout.pp * layout.cp), 1)
+            unit = layout.tp * layout.pp * layout.cp
             nodes = layout.trainer_world // per_node
-            resize = f"set cluster.nodes={nodes}" if nodes and layout.trainer_world % per_node == 0 else ""
+            fixes = [f"set layout.dp={gpus // unit}"] if gpus % unit == 0 else []
+            if nodes and layout.trainer_world % per_node == 0:
+                fixes.append(f"set cluster.nodes={nodes}")
             out.append(
                 _p(
                     "dp",
                     layout.dp,
                     f"trainer world tp x pp x dp x cp = {layout.trainer_world} must equal cluster.nodes x "
-                    f"cluster.gpus_per_node = {gpus} (one rank per GPU); set layout.dp={dp}, "
-                    + (f"or {resize}" if resize else "or change the cluster size"),
+                    f"cluster.gpus_per_node = {gpus} (one rank per GPU); "
+                    + (" or ".join(fixes) if fixes else "change tp/pp/dp or the cluster size"),
                 )
             )
         if layout.engine_world != gpus and layout.engine_world <= layout.trainer_world:

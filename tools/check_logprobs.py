@@ -77,6 +77,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = ap.parse_args(argv)
 
+    from megatron_rl.check import ConfigError, validate_recipe
     from megatron_rl.config.load import load_recipe
     from megatron_rl.layout import ParallelLayout
     from megatron_rl.models.dtypes import hf_dtype_name
@@ -88,10 +89,11 @@ def main(argv: list[str]) -> int:
     from megatron_rl.trainer.parallel import init_parallel
     from megatron_rl.trainer.policy import Policy
 
-    rc = load_recipe(args.recipe, args.overrides)
+    try:  # the driver's own check: a layout whose engines do not cover every rank is refused here
+        rc = validate_recipe(load_recipe(args.recipe, args.overrides))
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
     lay, ro = rc.layout, rc.rollout
-    if lay.placement != "colocated":
-        raise SystemExit("check_logprobs runs colocated layouts only (layout.placement=colocated)")
     spec = ModelSpec.from_config(rc.model)
     st = init_parallel(ParallelLayout.from_config(lay), seed=rc.seed)
     policy = Policy(spec, st)

@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     from megatron_rl.config.load import load_recipe
     from megatron_rl.layout import ParallelLayout
     from megatron_rl.trainer.build import build_policy
-    from megatron_rl.trainer.parallel import destroy_parallel, init_parallel
+    from megatron_rl.trainer.parallel import destroy_parallel, init_parallel, launched_world
 
     ckpt = Path(args.checkpoint)
     if not is_complete(ckpt):
@@ -36,8 +36,11 @@ def main(argv=None) -> int:
             print(f"error: no complete checkpoint at {ckpt}", file=sys.stderr)
             return 1
         ckpt = found[1]
-    recipe = load_recipe(args.recipe, [*args.overrides, "model.hf_checkpoint=null"])
-    state = init_parallel(ParallelLayout.from_config(recipe.layout), seed=recipe.seed)
+    recipe = load_recipe(args.recipe, args.overrides)
+    # Any world size N can load it: the recipe's TP/PP (and CP), DP from N (dist-checkpointing reshards).
+    lay = ParallelLayout.from_config(recipe.layout)
+    lay = lay.with_(dp=max(1, launched_world() // (lay.tp * lay.pp * lay.cp)), engine_count=launched_world())
+    state = init_parallel(lay, seed=recipe.seed)
     # Verified before any DCP read: torch's reader unpickles dist/.metadata (checkpoint/integrity.py).
     from megatron_rl.checkpoint.resume import verify_shared
 
@@ -46,10 +49,11 @@ def main(argv=None) -> int:
         print(f"error: {ckpt} does not verify: {'; '.join(problems[:5])}", file=sys.stderr)
         destroy_parallel()
         return 1
-    policy = build_policy(recipe, state, with_optimizer=False)
+    # The shape comes from the recipe (its checkpoint's config.json); the weights from our checkpoint.
+    policy = build_policy(recipe, state, with_optimizer=False, import_weights=False)
     loaded = dist_checkpointing.load({"model": policy.model.sharded_state_dict()}, str(ckpt / "dist"))
     policy.model.load_state_dict(loaded["model"])
-    out = write_hf(policy, args.out)
+    out = write_hf(policy, args.out, source=recipe.model.hf_checkpoint)
     if out is not None:
         print(f"exported {ckpt} -> {out}")
     destroy_parallel()

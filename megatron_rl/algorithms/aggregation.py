@@ -31,8 +31,7 @@ Shape suffixes:
 import torch
 
 from megatron_rl.algorithms._checks import as_float_mask, check_2d, check_same_shape
-
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+from megatron_rl.config.choices import LOSS_AGGREGATIONS
 
 
 def _check_mode(mode: str) -> None:

@@ -20,8 +20,7 @@ Shape suffixes:
 import torch
 
 from megatron_rl.algorithms._checks import as_float_mask, check_2d, check_same_shape
-
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from megatron_rl.config.choices import KL_ESTIMATORS
 
 
 def kl_estimate(

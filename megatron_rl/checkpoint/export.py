@@ -91,8 +91,24 @@ def full_state(policy) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_hf(policy, out_dir: str | Path, dtype: str | None = None) -> Path | None:
-    """Write the HF directory (rank 0). Returns its path on rank 0, None elsewhere."""
+# What an HF directory holds besides weights and config.json, copied from the checkpoint the run
+# started from so the export loads with its tokenizer, chat template and end-of-sequence ids.
+COMPANION_FILES = (
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+
+
+def write_hf(policy, out_dir: str | Path, dtype: str | None = None, source: str | None = None) -> Path | None:
+    """Write the HF directory (rank 0). Returns its path on rank 0, None elsewhere.
+
+    `source`, the HF checkpoint the run started from, lends its tokenizer and generation config."""
     from safetensors.torch import save_file
 
     from megatron_rl.models.tiny import hf_config
@@ -117,5 +133,11 @@ def write_hf(policy, out_dir: str | Path, dtype: str | None = None) -> Path | No
         metadata={"format": "pt"},
     )
     hf_config(spec, hf_dtype).save_pretrained(out)
+    if source:
+        import shutil
+
+        for name in COMPANION_FILES:
+            if (Path(source) / name).is_file():
+                shutil.copyfile(Path(source) / name, out / name)
     (out / "megatron_rl_export.json").write_text(json.dumps({"tensors": len(hf), "dtype": hf_dtype}))
     return out

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from megatron_rl.checkpoint.integrity import verify
-from megatron_rl.checkpoint.save import sharded_state, unshare_adam_steps
+from megatron_rl.checkpoint.save import SCHEDULER_KEY, sharded_state, unshare_adam_steps
 from megatron_rl.checkpoint.state import load_rng_state, set_rng_state
 from megatron_rl.checkpoint.store import list_checkpoints, recover
 
@@ -87,6 +87,8 @@ def load(path: Path, rank: int, policy, reference, task) -> dict:
     if policy.optimizer is not None and "optimizer" in state:
         policy.optimizer.load_state_dict(state["optimizer"])
         unshare_adam_steps(policy.optimizer)
+    if policy.scheduler is not None:
+        load_schedule(policy.scheduler, state.get(SCHEDULER_KEY), path)
     if reference is not None:
         ref = {k.removeprefix("reference."): v for k, v in state["reference"].items()}
         reference.model.load_state_dict(ref)
@@ -102,3 +104,18 @@ def load(path: Path, rank: int, policy, reference, task) -> dict:
         )
     task.load_state(run_state["task"])
     return run_state
+
+
+def load_schedule(scheduler, saved: dict | None, path: Path) -> None:
+    """Continue the LR schedule where the checkpoint left it: its count of optimizer steps taken.
+
+    The scheduler is built with `override_opt_param_scheduler` (trainer/policy.py), so the recipe's lr,
+    warm-up and length win over the saved ones; megatron-core's `load_state_dict` *adds* the saved count
+    to the current one, which is therefore reset first (a policy may have stepped before loading)."""
+    if saved is None:
+        log.warning(
+            "checkpoint %s holds no LR scheduler state: the LR schedule restarts from its start", path
+        )
+        return
+    scheduler.num_steps = 0
+    scheduler.load_state_dict(saved)

@@ -38,6 +38,7 @@ from megatron_rl.checkpoint.store import MARKER, partial_dir, prune, replace_int
 
 log = logging.getLogger(__name__)
 FORMAT = {"distrib_optim_sharding_type": "fully_reshardable"}
+SCHEDULER_KEY = "opt_param_scheduler"  # megatron-core's own name for it
 
 
 def prime_optimizer_state(optimizer) -> None:
@@ -84,8 +85,13 @@ def unshare_adam_steps(optimizer) -> None:
 
 
 def sharded_state(policy, reference=None, loading: bool = False) -> dict:
-    """The dist-checkpointing state dict: model, optimizer (model-space sharding: any layout can load it)
-    and, with a KL term, the frozen reference (it must stay the *initial* policy across resumes)."""
+    """The dist-checkpointing state dict: model, optimizer (model-space sharding: any layout can load it),
+    the LR scheduler's state and, with a KL term, the frozen reference (it must stay the *initial*
+    policy across resumes).
+
+    The scheduler's state is a few numbers, the same on every rank: dist-checkpointing writes such
+    plain values once, into `dist/common.pt`, and `load` returns them whatever the target holds
+    (megatron-core's own training keeps `opt_param_scheduler` in that common state too)."""
     model_sd = policy.model.sharded_state_dict()
     state = {"model": model_sd}
     if policy.optimizer is not None:
@@ -94,6 +100,8 @@ def sharded_state(policy, reference=None, loading: bool = False) -> dict:
         state["optimizer"] = policy.optimizer.sharded_state_dict(
             model_sd, is_loading=loading, metadata=FORMAT
         )
+    if policy.scheduler is not None and not loading:
+        state[SCHEDULER_KEY] = policy.scheduler.state_dict()
     if reference is not None:
         state["reference"] = reference.model.sharded_state_dict(prefix="reference.")
     return state

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from megatron_rl.check import check_recipe, notes, refused
@@ -16,23 +18,35 @@ from megatron_rl.config.load import (
     shipped_recipes,
     to_yaml,
 )
+from megatron_rl.config.problem import Problem
 
 
-def _parse(prog: str, argv: list[str], doc: str) -> argparse.Namespace:
+def _parser(prog: str, doc: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"megatron-rl {prog}", description=doc)
     p.add_argument("recipe", help="a shipped recipe name or a path to a recipe YAML")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. layout.tp=4 rollout.temperature=0.8")
-    return p.parse_args(argv)
+    return p
+
+
+def _parse(prog: str, argv: list[str], doc: str) -> argparse.Namespace:
+    return _parser(prog, doc).parse_args(argv)
+
+
+def _try_load(args) -> tuple[object | None, str]:
+    """(the recipe, "") or (None, why it cannot be loaded)."""
+    try:
+        return load_recipe(args.recipe, args.overrides), ""
+    except (RecipeNotFound, RecipeError) as e:
+        return None, str(e)
+    except OSError as e:  # a recipe path that is a folder, unreadable, ...
+        return None, f"cannot read recipe {args.recipe!r}: {e}"
 
 
 def _load(args) -> object:
-    try:
-        return load_recipe(args.recipe, args.overrides)
-    except (RecipeNotFound, RecipeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-    except OSError as e:  # a recipe path that is a folder, unreadable, ...
-        print(f"error: cannot read recipe {args.recipe!r}: {e}", file=sys.stderr)
-    return None
+    recipe, error = _try_load(args)
+    if recipe is None:
+        print(f"error: {error}", file=sys.stderr)
+    return recipe
 
 
 def show(argv: list[str]) -> int:
@@ -41,14 +55,91 @@ def show(argv: list[str]) -> int:
     if recipe is None:
         return 2
     print(f"# {resolve_recipe(args.recipe)}" + (f" + {' '.join(args.overrides)}" if args.overrides else ""))
-    print(to_yaml(recipe), end="")
+    from dataclasses import replace
+
+    from megatron_rl.models.resolve import CheckpointConfigError, resolve_model
+
+    try:  # the model the recipe means: unset keys from its checkpoint's config.json
+        resolved = resolve_model(recipe.model)
+    except CheckpointConfigError as e:
+        print(f"# {e}")
+        resolved = recipe.model
+    if resolved.num_layers is not None and recipe.model.num_layers is None:
+        print(f"# model keys left unset are read from {recipe.model.hf_checkpoint}/config.json")
+    elif recipe.model.num_layers is None and recipe.model.hf_checkpoint:
+        print(
+            f"# {recipe.model.hf_checkpoint}/config.json is not readable here: the model's shape is unknown"
+        )
+    print(to_yaml(replace(recipe, model=resolved)), end="")
     return 0
 
 
+def _conflict(recipe) -> Problem | None:
+    """A fresh start (checkpoint.resume=none) over a run's existing checkpoints, which it would mix with."""
+    from megatron_rl.checkpoint.store import fresh_start_conflict
+    from megatron_rl.loop.names import run_name
+
+    c = recipe.checkpoint
+    message = fresh_start_conflict(c.resume, Path(c.dir) / run_name(recipe))
+    return Problem("checkpoint.resume", c.resume, message, "files") if message else None
+
+
+def resolved_stop_ids(recipe) -> list[int] | None:
+    """The ids the engines will stop at (the recipe's and the checkpoint's end ids), or None when
+    `model.hf_checkpoint` is unset or unreadable here (the driver reads it where the run runs)."""
+    ckpt = recipe.model.hf_checkpoint
+    if not ckpt:
+        return None
+    from megatron_rl.models.checkpoint import stop_token_ids
+    from megatron_rl.rollout.types import merged_stop_ids
+
+    try:
+        return list(merged_stop_ids(recipe.rollout.stop_token_ids, stop_token_ids(ckpt)))
+    except (OSError, ValueError, TypeError, KeyError):  # absent, unreadable or malformed JSON files
+        return None
+
+
+def _validate_json(args) -> int:
+    """The verdict as one JSON object on stdout, for scripts: the text form's facts, structured."""
+    recipe, error = _try_load(args)
+    if recipe is None:
+        problem = Problem("recipe", args.recipe, error)
+        out = {
+            "ok": False,
+            "recipe": None,
+            "problems": [asdict(problem)],
+            "notes": [],
+            "stop_token_ids": None,
+        }
+        print(json.dumps(out, default=str))
+        return 2
+    problems = check_recipe(recipe)
+    blocking = refused(problems, "validate")
+    conflict = None if blocking else _conflict(recipe)  # the text form stops at the first refusal too
+    if conflict:
+        blocking.append(conflict)
+    out = {
+        "ok": not blocking,
+        "recipe": recipe.name,
+        "problems": [asdict(p) for p in blocking],
+        "notes": notes(problems, "validate"),
+        "stop_token_ids": resolved_stop_ids(recipe),
+    }
+    print(json.dumps(out, default=str))
+    return 0 if out["ok"] else 1
+
+
 def validate(argv: list[str]) -> int:
-    args = _parse(
-        "validate", argv, "Check a recipe without a GPU: shapes vs layout, world size, batch, memory."
+    p = _parser("validate", "Check a recipe without a GPU: shapes vs layout, world size, batch, memory.")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: ok, problems [{key, value, message, kind}], notes, and the engines' "
+        "stop_token_ids (null unless model.hf_checkpoint is readable here)",
     )
+    args = p.parse_args(argv)
+    if args.json:
+        return _validate_json(args)
     recipe = _load(args)
     if recipe is None:
         return 2
@@ -61,12 +152,9 @@ def validate(argv: list[str]) -> int:
         return 1
     for line in notes(problems, "validate"):
         print(line, file=sys.stderr)
-    from megatron_rl.checkpoint.store import fresh_start_conflict
-    from megatron_rl.loop.names import run_name
-
-    conflict = fresh_start_conflict(recipe.checkpoint.resume, Path(recipe.checkpoint.dir) / run_name(recipe))
+    conflict = _conflict(recipe)
     if conflict:
-        print(f"error: {conflict}", file=sys.stderr)
+        print(f"error: {conflict.message}", file=sys.stderr)
         return 1
     lay = recipe.layout
     print(

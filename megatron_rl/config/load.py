@@ -24,6 +24,7 @@ RECIPES_DIR = REPO_ROOT / "recipes"
 MAX_RECIPE_BYTES = 1 << 20
 MAX_RECIPE_NODES = 100_000  # YAML nodes after expanding aliases
 MAX_OVERRIDES = 1000
+MAX_RECIPE_FILES = 200  # YAML files checked in a recipe's folder (its group overrides)
 COMPOSE_TIMEOUT_S = 60
 
 
@@ -48,10 +49,13 @@ def shipped_recipes() -> dict[str, Path]:
 def resolve_recipe(name_or_path: str) -> Path:
     """A path to an existing YAML file wins; otherwise a shipped recipe name."""
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
-        if p.is_file():
-            return p.resolve()
-        raise RecipeNotFound(f"recipe file {name_or_path} does not exist")
+    try:
+        if p.suffix in (".yaml", ".yml") or p.exists():
+            if p.is_file():
+                return p.resolve()
+            raise RecipeNotFound(f"recipe file {name_or_path} does not exist (or is not a file)")
+    except OSError as e:  # a name too long for the file system, a path through a file, ...
+        raise RecipeNotFound(f"recipe {name_or_path[:200]!r} is not a readable path: {e.strerror}") from None
     recipes = shipped_recipes()
     if name_or_path in recipes:
         return recipes[name_or_path]
@@ -60,19 +64,32 @@ def resolve_recipe(name_or_path: str) -> Path:
     raise RecipeNotFound(f"no recipe named {name_or_path!r}.{hint} (`megatron-rl list` shows them all)")
 
 
-def check_recipe_file(path: Path) -> None:
+def check_recipe_file(path: Path, strict: bool = True) -> None:
     """Refuse, before Hydra reads it, a recipe file that is too large, not YAML, not a mapping, or whose
-    aliases expand beyond MAX_RECIPE_NODES nodes."""
+    aliases expand beyond MAX_RECIPE_NODES nodes. `strict=False` (a file beside the recipe, which its
+    defaults may or may not use) checks only the size and the aliases."""
     import yaml
 
     size = path.stat().st_size
     if size > MAX_RECIPE_BYTES:
+        if not strict:
+            return  # Hydra reads it only if a defaults list names it, and then it fails there
         raise RecipeError(f"recipe file {path} is {size} bytes; a recipe is at most {MAX_RECIPE_BYTES} bytes")
     text = path.read_text(errors="replace")
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as e:
-        raise RecipeError(f"recipe file {path} is not valid YAML: {e}") from None
+    except (yaml.YAMLError, RecursionError, ValueError) as e:  # RecursionError: nesting beyond the stack
+        if not strict:
+            return
+        what = "nests too deeply to read" if isinstance(e, RecursionError) else f"is not valid YAML: {e}"
+        raise RecipeError(f"recipe file {path} {what}") from None
+    if not strict:
+        if root is not None and _expanded_size(root) > MAX_RECIPE_NODES:
+            raise RecipeError(
+                f"{path}, beside the recipe, expands to more than {MAX_RECIPE_NODES} YAML nodes through its "
+                "aliases (&anchor / *alias); write the values out or move it away"
+            )
+        return
     if root is None or (isinstance(root, yaml.MappingNode) and not root.value):
         raise RecipeError(
             f"recipe file {path} is empty; a recipe starts from the defaults and names itself, e.g.\n"
@@ -80,20 +97,7 @@ def check_recipe_file(path: Path) -> None:
         )
     if not isinstance(root, yaml.MappingNode):
         raise RecipeError(f"recipe file {path} must hold a YAML mapping (key: value lines), not a {root.tag}")
-    sizes: dict[int, int] = {}
-
-    def expanded(node) -> int:  # aliases share nodes: memoised, so a bomb is counted, not expanded
-        if id(node) in sizes:
-            return sizes[id(node)]
-        n = 1
-        if isinstance(node, yaml.MappingNode):
-            n += sum(expanded(k) + expanded(v) for k, v in node.value)
-        elif isinstance(node, yaml.SequenceNode):
-            n += sum(expanded(v) for v in node.value)
-        sizes[id(node)] = n
-        return n
-
-    if expanded(root) > MAX_RECIPE_NODES:
+    if _expanded_size(root) > MAX_RECIPE_NODES:
         raise RecipeError(
             f"recipe file {path} expands to more than {MAX_RECIPE_NODES} YAML nodes through its aliases "
             "(&anchor / *alias); write the values out"
@@ -101,6 +105,36 @@ def check_recipe_file(path: Path) -> None:
 
 
 _NOISE = ("full_key:", "reference_type=", "object_type=", "To append to your config", "provider=", "path=")
+
+
+def _expanded_size(root) -> int:
+    """Nodes of a YAML graph once its aliases are expanded, without expanding them: aliases share
+    nodes, so each node's size is computed once (iteratively: no recursion limit to hit)."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()  # nodes whose children are being sized: meeting one again is a cycle
+    stack = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if not children_done and id(node) in open_:
+            raise RecipeError("the recipe holds a recursive YAML alias (an anchor used inside itself)")
+        if isinstance(node, yaml.MappingNode):
+            kids = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            kids = list(node.value)
+        else:
+            kids = []
+        if children_done or not kids:
+            sizes[id(node)] = 1 + sum(sizes[id(k)] for k in kids)
+            open_.discard(id(node))
+        else:
+            open_.add(id(node))
+            stack.append((node, True))
+            stack.extend((k, False) for k in kids if id(k) not in sizes)
+    return sizes[id(root)]
 
 
 def describe_error(e: BaseException) -> str:
@@ -135,7 +169,13 @@ def compose_recipe(name_or_path: str, overrides: list[str] | None = None):
     overrides = list(overrides or [])
     if len(overrides) > MAX_OVERRIDES or any(len(o) > 10_000 for o in overrides):
         raise RecipeError(f"at most {MAX_OVERRIDES} overrides of at most 10000 characters each")
+    # The recipe and every YAML beside it that its defaults may pull in (a folder of group overrides):
+    # a bomb in a sibling file would otherwise go through Hydra unchecked.
+    # Only their size and aliases: an unrelated YAML beside a recipe may be anything else.
     check_recipe_file(path)
+    near = [*path.parent.glob("*.y*ml"), *path.parent.glob("*/*.y*ml")]
+    for f in sorted(p for p in near if p.is_file() and p != path)[:MAX_RECIPE_FILES]:
+        check_recipe_file(f, strict=False)
     register_configs()
     GlobalHydra.instance().clear()
     searchpath = f"hydra.searchpath=[file://{CONF_DIR}]"
@@ -143,8 +183,6 @@ def compose_recipe(name_or_path: str, overrides: list[str] | None = None):
         with _time_limit(COMPOSE_TIMEOUT_S, f"composing recipe {path}"):
             with initialize_config_dir(config_dir=str(path.parent), version_base="1.3"):
                 cfg = compose(config_name=path.stem, overrides=[searchpath, *overrides])
-    except RecipeError:
-        raise
     except Exception as e:  # Hydra / OmegaConf: a bad override, key, type or defaults entry
         raise RecipeError(f"recipe {name_or_path!r} does not compose: {describe_error(e)}") from e
     finally:
@@ -165,7 +203,11 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe
         )
     _refuse_unknown_keys(cfg, RecipeConfig, "")
     try:
-        recipe = OmegaConf.to_object(cfg)
+        # Interpolations resolve here, and chains of them can take as long as a bomb: bounded too.
+        with _time_limit(COMPOSE_TIMEOUT_S, f"resolving recipe {name_or_path!r}"):
+            recipe = OmegaConf.to_object(cfg)
+    except RecipeError:
+        raise
     except Exception as e:  # a required value left unset (???), or one that does not convert
         raise RecipeError(f"recipe {name_or_path!r}: {describe_error(e)}") from e
     return recipe
@@ -185,8 +227,12 @@ class _time_limit:
         import threading
 
         if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGALRM"):
+            import time
+
+            self.outer = signal.alarm(0)  # an outer timer's remaining seconds (0: none), restored on exit
+            self.started = time.monotonic()
             self.previous = signal.signal(signal.SIGALRM, self._expired)
-            signal.alarm(self.seconds)
+            signal.alarm(min(self.seconds, self.outer) if self.outer else self.seconds)
             self.armed = True
         return self
 
@@ -194,8 +240,12 @@ class _time_limit:
         import signal
 
         if self.armed:
+            import time
+
             signal.alarm(0)
             signal.signal(signal.SIGALRM, self.previous)
+            if self.outer:
+                signal.alarm(max(1, round(self.outer - (time.monotonic() - self.started))))
         return False
 
 

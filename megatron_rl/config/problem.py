@@ -13,8 +13,10 @@ from dataclasses import dataclass
 # - recipe: the recipe cannot describe a run (every command refuses it, the planner included);
 # - driver: a valid design the training driver cannot run yet (the planner still models it);
 # - memory: the planner's prediction does not fit (the planner shows the breakdown instead);
-# - files: a path the recipe names cannot be read here (checkpoint, data).
-KINDS = ("recipe", "driver", "memory", "files")
+# - files: a path the recipe names cannot be read here (checkpoint, data);
+# - unknown: a value read from such a path (the model's shape from its checkpoint), so whatever needs
+#   it (the planner, the layout rules) cannot run here.
+KINDS = ("recipe", "driver", "memory", "files", "unknown")
 
 
 @dataclass(frozen=True)

@@ -16,28 +16,43 @@ from omegaconf import MISSING
 
 @dataclass
 class ModelConfig:
-    """Architecture of a decoder-only transformer (Llama-3, Qwen2/2.5, Qwen3 families)."""
+    """Architecture of a decoder-only transformer (Llama-3, Qwen2/2.5, Qwen3 families).
 
-    name: str = MISSING
-    family: str = "llama"  # llama | qwen2 | qwen3: selects HF naming and QKV bias / QK norm
-    num_layers: int = MISSING
-    hidden_size: int = MISSING
-    ffn_hidden_size: int = MISSING
-    num_attention_heads: int = MISSING
-    num_query_groups: int = MISSING  # KV heads
+    With `hf_checkpoint` set, the checkpoint's config.json is the truth: a key left null here is read
+    from it, and a key given here must agree with it (models/resolve.py). Without one, the recipe
+    states the shape; the other keys take their family's defaults.
+    """
+
+    name: str = ""  # defaults to the checkpoint folder's name
+    family: str | None = None  # llama | qwen2 | qwen3: selects HF naming and QKV bias / QK norm
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    ffn_hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    num_query_groups: int | None = None  # KV heads
     head_dim: int | None = None  # defaults to hidden_size // num_attention_heads
-    vocab_size: int = MISSING
+    vocab_size: int | None = None
     # Megatron pads the vocabulary so every TP rank holds an equal slice that is a multiple of this.
     make_vocab_size_divisible_by: int = 128
-    max_position_embeddings: int = 4096
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-6
-    qkv_bias: bool = False
-    qk_norm: bool = False
-    tie_word_embeddings: bool = False
+    max_position_embeddings: int | None = None  # default 4096
+    rope_theta: float | None = None  # default 10000
+    norm_eps: float | None = None  # default 1e-6
+    qkv_bias: bool | None = None  # default: the family's (Qwen2 true)
+    qk_norm: bool | None = None  # default: the family's (Qwen3 true)
+    tie_word_embeddings: bool | None = None  # default false
+    # RoPE scaling: none | llama3 (Llama-3.1: the frequencies below the original context are slowed by
+    # `rope_scaling_factor`, with a smooth band between the low and high frequency factors).
+    rope_scaling: str | None = None  # default none
+    rope_scaling_factor: float | None = None
+    rope_low_freq_factor: float | None = None
+    rope_high_freq_factor: float | None = None
+    rope_original_max_position: int | None = None
     params_dtype: str = "bf16"  # bf16 | fp32 | fp16
     # Path to an HF safetensors directory to import at start; None = random init (tiny recipes).
     hf_checkpoint: str | None = None
+    # CPU demos and tests: build a tiny random checkpoint of this family (qwen2 | qwen3 | llama) at
+    # hf_checkpoint when none is there (`launch_local`; models/fixture.py). Empty = never.
+    fixture: str = ""
 
 
 @dataclass
@@ -55,9 +70,9 @@ class LayoutConfig:
     recompute: str = "none"  # none | selective | full
     engine_tp: int = 1
     engine_count: int = 1
-    placement: str = "colocated"  # colocated | separated
-    # Separated only: number of GPUs given to the engines (the trainer gets the rest).
-    engine_gpus: int = 0
+    placement: str = (
+        "colocated"  # colocated | separated (engines on engine_tp x engine_count GPUs of their own)
+    )
     synchrony: str = "sync"  # sync | one_step_async
 
 
@@ -135,7 +150,16 @@ class RewardConfig:
 class DataConfig:
     """Prompts and their tests."""
 
-    source: str = "bundled"  # bundled | synthetic | a path to .jsonl/.parquet
+    # bundled | synthetic | a .jsonl/.json/.parquet file | a folder saved by datasets' save_to_disk |
+    # a folder of such files | a glob of them (the rule: megatron_rl/data/sources.py)
+    source: str = "bundled"
+    # Our field names (id, prompt, tests, input_output, entry_point, timeout_s, answer) to the data's
+    # column names, e.g. {prompt: question, input_output: io}; unmapped fields keep their own names.
+    # On the command line a mapping is added with a plus: +data.columns.prompt=question.
+    columns: dict[str, str] = field(default_factory=dict)
+    # A system message put before each prompt when the tokenizer has a chat template; without one it is
+    # put before the prompt as plain text, followed by a blank line. Empty: no system message.
+    system_prompt: str = ""
     prompts_per_step: int = 8
     prompt_tokens: int = 64  # expected prompt length (planner)
     max_prompt_tokens: int = 256
@@ -145,14 +169,24 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
+    """AdamW and its LR schedule (megatron-core's OptimizerParamScheduler, trainer/policy.py).
+
+    Defaults are the usual GRPO ones: beta2 0.95 (the second moment forgets a noisy RL gradient
+    faster than 0.999), clip 1.0, a 20-step linear warm-up, then a constant LR."""
+
     lr: float = 1e-6
-    min_lr: float = 0.0
+    min_lr: float = 0.0  # cosine only: the LR at the run's last optimizer step
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
+    adam_beta2: float = 0.95
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
-    warmup_steps: int = 0
+    # RL steps (not optimizer steps: each RL step takes algorithm.minibatches of those) over which the
+    # LR ramps linearly from 0 to lr, one increment per optimizer step.
+    warmup_steps: int = 20
+    # After warm-up: constant = lr to the end; cosine = from lr down to min_lr at the last of the
+    # run's `steps` x algorithm.minibatches optimizer steps.
+    lr_schedule: str = "constant"  # constant | cosine
     distributed_optimizer: bool = True
     micro_batch_size: int = 1
 

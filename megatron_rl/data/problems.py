@@ -1,39 +1,58 @@
-"""Coding problems with their unit tests: the record, the file formats, and the bundled set.
+"""Coding problems with their tests: the record, and how records become validated problems.
 
-A problem is a prompt plus tests written as Python source (see `megatron_rl.reward.testplan` for
-the shapes tests may take: top-level asserts, `test_*` functions, `check(candidate)`, unittest cases,
-and the shapes refused because they cannot be judged), an optional `entry_point` (the function the
-tests call), and an optional per-problem `timeout_s`.
-Files are JSONL (one object per line), JSON (one object or a list) or Parquet (same columns; needs
-pyarrow). Keys other than the known ones are kept in `metadata` (the bundled set keeps a reference
-`solution` there, which its own tests check).
+A problem is a prompt plus one kind of tests:
+- Python tests, as source (see `megatron_rl.reward.testplan` for the shapes they may take: top-level
+  asserts, `test_*` functions, `check(candidate)`, unittest cases, and the shapes refused because they
+  cannot be judged), with an optional `entry_point` (the function the tests call); or
+- stdin/stdout pairs (`io_tests`): the completion is a program, run once per pair with the input on
+  stdin, passing a pair when it exits 0 and prints the expected output (see `reward/stdio.py` for the
+  comparison: trailing whitespace of each line and trailing blank lines are ignored, nothing else).
+  A record gives them as `tests: [{"input": ..., "output": ...}, ...]`, as `tests: {"inputs": [...],
+  "outputs": [...]}` (or `input`/`output`: CodeContests' `public_tests`), or as `input_output` in
+  APPS's shape (that object, or the JSON string of it). An input or output given as a list of lines
+  is joined with newlines. APPS's call-based problems (`fn_name`) are refused: they are not stdin/stdout.
+Either kind may carry a per-problem `timeout_s` (the whole run, every test). `answer` serves in-process
+verifiers instead. Keys other than the known ones are kept in `metadata` (the bundled set keeps a
+reference `solution` there, which its own tests check).
 
-Problems are validated as they load, tests included (they must parse, contain something to pass, and
-have a shape the runner can judge), so a malformed dataset fails at start-up with the file and line
-of the record and the line of the tests, not as a stream of `sandbox_error` rewards in the middle of
-a run, or worse, as rewards for wrong code. Problems judged by stdin/stdout pairs are refused.
+Where the records come from (JSONL, JSON, Parquet, a saved `datasets` folder, a folder or glob of
+files) is `sources.py`. `data.columns` maps our field names to the dataset's column names
+(`{prompt: question, input_output: io}`); a column named like a mapped field is then ignored.
+
+Problems are validated as they load, tests included (Python tests must parse, contain something to
+pass, and have a shape the runner can judge; pairs must be strings), so a malformed dataset fails at
+start-up with the file and line or row of the record, not as a stream of `sandbox_error` rewards in
+the middle of a run, or worse, as rewards for wrong code.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BUNDLED = Path(__file__).parent / "bundled" / "coding_problems.jsonl"
-_KNOWN = ("id", "prompt", "tests", "entry_point", "timeout_s", "answer")
-_IO_PAIR_KEYS = ("input_output", "inputs", "outputs", "stdin", "stdout")  # APPS / CodeContests shapes
+from megatron_rl.data.sources import BUNDLED, read_records
+
+__all__ = ["BUNDLED", "FIELDS", "Problem", "load_problem", "load_problems", "problem_from_dict"]
+
+# The fields a record may set; `data.columns` maps these names to a dataset's own.
+FIELDS = ("id", "prompt", "tests", "input_output", "entry_point", "timeout_s", "answer")
+_LOOSE_IO_KEYS = ("inputs", "outputs", "stdin", "stdout")  # pair halves in columns of their own
+# Every pair goes to the sandbox in one frame (16 MiB, JSON-escaped): keep well under it.
+MAX_IO_BYTES = 6 << 20
 
 
 @dataclass(frozen=True)
 class Problem:
     """One prompt and how to score completions of it.
 
-    `tests` is Python source run against the completion's code in the sandbox; `answer` serves
-    in-process verifiers (a math answer) instead. `timeout_s` bounds the whole run (importing the
-    code and every test) in wall-clock seconds; None takes the reward config's timeout.
+    `tests` is Python source run against the completion's code in the sandbox; `io_tests` are
+    (stdin, expected stdout) pairs for a completion that is a whole program (one or the other);
+    `answer` serves in-process verifiers (a math answer) instead. `timeout_s` bounds the whole run
+    (importing the code and every test) in wall-clock seconds; None takes the reward config's timeout.
     """
 
     id: str
@@ -43,6 +62,7 @@ class Problem:
     timeout_s: float | None = None
     answer: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    io_tests: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         where = f"problem {self.id!r}"
@@ -69,11 +89,29 @@ class Problem:
             )
         if self.answer is not None and not isinstance(self.answer, str):
             object.__setattr__(self, "answer", str(self.answer))
+        given = self.io_tests if isinstance(self.io_tests, (list, tuple)) else [self.io_tests]
+        pairs = tuple(tuple(p) if isinstance(p, (list, tuple)) else p for p in given)
+        if not all(
+            isinstance(p, tuple) and len(p) == 2 and all(isinstance(s, str) for s in p) for p in pairs
+        ):
+            raise ValueError(f"{where}: 'io_tests' must be (stdin, expected stdout) pairs of strings")
+        object.__setattr__(self, "io_tests", pairs)
+        if pairs and self.tests.strip():
+            raise ValueError(
+                f"{where}: has both Python tests and stdin/stdout pairs; keep one kind (a completion is "
+                "either a function the tests call or a program that reads stdin)"
+            )
+        size = sum(len(s.encode("utf-8", "surrogatepass")) for p in pairs for s in p)
+        if size > MAX_IO_BYTES:
+            raise ValueError(
+                f"{where}: its stdin/stdout pairs hold {size / 2**20:.1f} MiB; the sandbox takes at most "
+                f"{MAX_IO_BYTES >> 20} MiB a problem: keep fewer cases (e.g. not every generated one)"
+            )
 
     def check_tests(self) -> None:
-        """Raise ValueError unless the tests parse and contain at least one test."""
+        """Raise ValueError unless the Python tests parse and contain at least one test."""
         if not self.tests.strip():
-            return
+            return  # no Python tests: stdin/stdout pairs (checked as built) or an answer
         from megatron_rl.reward.testplan import plan_tests  # data does not need reward otherwise
 
         try:
@@ -92,61 +130,147 @@ def problem_from_dict(record: Any, default_id: str) -> Problem:
         raise ValueError(f"expected a JSON object with at least 'prompt'; got {type(record).__name__}")
     if "prompt" not in record:
         raise ValueError(f"missing required key 'prompt' (keys present: {sorted(record)})")
-    io_pairs = [k for k in _IO_PAIR_KEYS if k in record]
-    if io_pairs and "tests" not in record:
-        raise ValueError(
-            f"judged by stdin/stdout pairs ({', '.join(io_pairs)}), which the sandbox's test runner does not "
-            "support; give 'tests' as Python source that calls the solution (see megatron_rl.reward.testplan)"
+    known = {k: record[k] for k in FIELDS if k in record and record[k] is not None}
+    io = known.pop("input_output", None)
+    tests = known.get("tests")
+    if io is not None and tests is not None:
+        raise ValueError("has both 'tests' and 'input_output'; keep one (map the other away in data.columns)")
+    if tests is not None and (not isinstance(tests, str) or _is_io_json(tests)):
+        io = known.pop("tests")
+    if io is not None:
+        known["io_tests"] = _io_pairs(io)
+    elif "tests" not in known and "answer" not in known:
+        loose = [k for k in _LOOSE_IO_KEYS if k in record]
+        hint = (
+            f" ({', '.join(loose)} look like stdin/stdout halves: give them as tests=[{{input, output}}, "
+            "...] or input_output={inputs: [...], outputs: [...]})"
+            if loose
+            else ""
         )
-    if "tests" not in record and "answer" not in record:
         raise ValueError(
-            f"needs 'tests' (Python source, for sandboxed rewards) or 'answer' (for verifiers); keys present: {sorted(record)}"
+            "needs 'tests' (Python source, or stdin/stdout pairs) or 'input_output' (APPS pairs) for "
+            f"sandboxed rewards, or 'answer' (for verifiers); keys present: {sorted(record)}{hint}"
         )
-    known = {k: record[k] for k in _KNOWN if k in record and record[k] is not None}
     known["id"] = str(known.get("id", default_id))
-    metadata = {k: v for k, v in record.items() if k not in _KNOWN}
+    metadata = {k: v for k, v in record.items() if k not in FIELDS}
     problem = Problem(**known, metadata=metadata)
     problem.check_tests()
     return problem
 
 
-def load_problems(source: str | Path) -> list[Problem]:
-    """Problems from "bundled" or a .jsonl, .json or .parquet file."""
-    path = BUNDLED if str(source) == "bundled" else Path(source).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"problem file {str(path)!r} does not exist; pass 'bundled' or a path to a .jsonl, .json or .parquet file"
-        )
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        records = _read_jsonl(path)
-    elif suffix == ".json":
+def _is_io_json(text: str) -> bool:
+    """APPS's `input_output` JSON string given as `tests` (Python tests never start with a brace)."""
+    if not text.lstrip().startswith("{"):
+        return False
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(value, dict) and ("inputs" in value or "input" in value)
+
+
+def _io_pairs(value: Any) -> tuple[tuple[str, str], ...]:
+    """(stdin, expected stdout) pairs from the shapes datasets store them in (see the module docstring)."""
+    if isinstance(value, str):
         try:
-            data = json.loads(path.read_text())
+            value = json.loads(value)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON: {e}") from None
-        records = [
-            (f"{path.stem}-{i}", r, f"{path}[{i}]")
-            for i, r in enumerate(data if isinstance(data, list) else [data])
-        ]
-    elif suffix == ".parquet":
-        records = _read_parquet(path)
+            raise ValueError(f"stdin/stdout tests given as a string must be JSON: {e}") from None
+    if isinstance(value, dict):
+        if value.get("fn_name"):
+            raise ValueError(
+                f"APPS call-based tests (fn_name={value['fn_name']!r}) call a function with arguments, "
+                "they do not feed stdin: give 'tests' as Python source that calls it, with its entry_point"
+            )
+        ins = value.get("inputs", value.get("input"))
+        outs = value.get("outputs", value.get("output"))
+        if not isinstance(ins, list) or not isinstance(outs, list):
+            raise ValueError(
+                "stdin/stdout tests as an object need the lists 'inputs' and 'outputs' (or 'input' and "
+                f"'output'); keys present: {sorted(value)}"
+            )
+        if len(ins) != len(outs):
+            raise ValueError(f"stdin/stdout tests have {len(ins)} inputs but {len(outs)} outputs")
+        raw = list(zip(ins, outs))
+    elif isinstance(value, list):
+        raw = []
+        for i, item in enumerate(value):
+            if not isinstance(item, dict) or "input" not in item or "output" not in item:
+                got = sorted(item) if isinstance(item, dict) else type(item).__name__
+                raise ValueError(
+                    f"stdin/stdout test {i} must be an object with 'input' and 'output'; got {got}"
+                )
+            raw.append((item["input"], item["output"]))
     else:
-        raise ValueError(f"{path}: unsupported problem file type {suffix!r}; use .jsonl, .json or .parquet")
+        raise ValueError(
+            f"tests must be Python source, or stdin/stdout pairs (a list of {{input, output}} objects or "
+            f"{{inputs: [...], outputs: [...]}}); got {type(value).__name__}"
+        )
+    if not raw:
+        raise ValueError("has an empty list of stdin/stdout tests: nothing to pass")
+    return tuple((_io_text(i, n, "input"), _io_text(o, n, "output")) for n, (i, o) in enumerate(raw))
+
+
+def _io_text(value: Any, index: int, which: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(line, str) for line in value):
+        return "".join(line + "\n" for line in value)
+    raise ValueError(
+        f"stdin/stdout test {index}: the {which} must be a string (or a list of lines); got "
+        f"{type(value).__name__} {str(value)[:40]!r}"
+    )
+
+
+def check_columns(columns: Mapping[str, str] | None) -> dict[str, str]:
+    """`data.columns` as a plain dict, refused unless every key is one of FIELDS and every value a name."""
+    columns = dict(columns or {})
+    unknown = sorted(set(columns) - set(FIELDS))
+    if unknown:
+        raise ValueError(
+            f"data.columns maps {unknown}, which are not problem fields; the fields are {list(FIELDS)} "
+            "(write data.columns.FIELD=COLUMN, e.g. data.columns.prompt=question)"
+        )
+    for name, column in columns.items():
+        if not isinstance(column, str) or not column:
+            raise ValueError(f"data.columns.{name} must name a column of the data; got {column!r}")
+    return columns
+
+
+def _renamed(record: Any, columns: dict[str, str]) -> Any:
+    """The record with `columns`' dataset names replaced by our field names."""
+    if not columns or not isinstance(record, dict):
+        return record  # problem_from_dict reports a record that is not an object
+    missing = {f: c for f, c in columns.items() if c not in record}
+    if missing:
+        wanted = ", ".join(f"{f} -> {c!r}" for f, c in missing.items())
+        raise ValueError(
+            f"data.columns maps {wanted}, but there is no such column; columns present: {sorted(record)}"
+        )
+    taken = set(columns.values()) | set(columns)
+    out = {k: v for k, v in record.items() if k not in taken}
+    out.update({f: record[c] for f, c in columns.items()})
+    return out
+
+
+def load_problems(source: str | Path, columns: Mapping[str, str] | None = None) -> list[Problem]:
+    """Problems from "bundled", a file, a saved `datasets` folder, a folder of files or a glob
+    (`sources.py` says which is which), with `columns` mapping our field names to the data's."""
+    mapping = check_columns(columns)
     problems, seen = [], set()
-    for default_id, record, where in records:
+    for default_id, record, where in read_records(source):
         try:
-            problem = problem_from_dict(record, default_id)
+            problem = problem_from_dict(_renamed(record, mapping), default_id)
         except (ValueError, TypeError) as e:
             raise ValueError(f"{where}: {e}") from None
         if problem.id in seen:
             raise ValueError(
-                f"{where}: duplicate problem id {problem.id!r}; ids must be unique within a file"
+                f"{where}: duplicate problem id {problem.id!r}; ids must be unique within a problem set"
             )
         seen.add(problem.id)
         problems.append(problem)
     if not problems:
-        raise ValueError(f"{path}: contains no problems")
+        raise ValueError(f"{source}: contains no problems")
     return problems
 
 
@@ -163,25 +287,3 @@ def load_problem(path: str | Path, problem_id: str | None = None) -> Problem:
     if len(problems) != 1:
         raise ValueError(f"{path} holds {len(problems)} problems; choose one by id")
     return problems[0]
-
-
-def _read_jsonl(path: Path) -> list[tuple[str, Any, str]]:
-    records = []
-    with path.open() as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                records.append((f"{path.stem}-{line_no}", json.loads(line), f"{path}:{line_no}"))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: not valid JSON: {e}") from None
-    return records
-
-
-def _read_parquet(path: Path) -> list[tuple[str, Any, str]]:
-    try:
-        import pyarrow.parquet as pq  # optional dependency
-    except ImportError:
-        raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from None
-    rows = pq.read_table(path).to_pylist()
-    return [(f"{path.stem}-{i}", row, f"{path} row {i}") for i, row in enumerate(rows)]

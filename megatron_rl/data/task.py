@@ -1,5 +1,11 @@
-"""Prompts from a problem set (bundled or a local JSONL/Parquet file), tokenized with the model's
-own HF tokenizer (from `model.hf_checkpoint`), drawn in a seeded order that a checkpoint restores.
+"""Prompts from a problem set (`data.source`: bundled, a JSONL/JSON/Parquet file, a saved `datasets`
+folder, a folder or glob of files; `data.columns` maps the data's column names), tokenized with the
+model's own HF tokenizer (from `model.hf_checkpoint`), drawn in a seeded order that a checkpoint restores.
+
+`data.system_prompt` (an instruction such as "answer with one Python program in a fenced block") goes
+before each prompt: as a system message when the tokenizer has a chat template, else as plain text
+followed by a blank line, so a base model still sees it. A chat template that refuses system
+messages is an error at the first draw, naming the setting to unset.
 
 The completion text goes to the reward pool as it is: the pool extracts the code (fenced blocks,
 the last block, or plain code) and runs the problem's tests on it in the sandbox.
@@ -27,10 +33,12 @@ class ProblemTask:
         seed: int = 0,
         max_prompt_tokens: int = 2048,
         shuffle: bool = True,
+        system_prompt: str = "",
     ):
         if not problems:
             raise ValueError("the problem set is empty")
         self.problems, self.tok = problems, tokenizer
+        self.system_prompt = system_prompt
         self.max_prompt_tokens, self.shuffle = max_prompt_tokens, shuffle
         self.rng = random.Random(seed)
         self.order: list[int] = []
@@ -46,9 +54,9 @@ class ProblemTask:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(cfg.model.hf_checkpoint)
-        return cls(
-            load_problems(cfg.data.source), tok, cfg.data.seed, cfg.data.max_prompt_tokens, cfg.data.shuffle
-        )
+        d = cfg.data
+        problems = load_problems(d.source, d.columns)
+        return cls(problems, tok, d.seed, d.max_prompt_tokens, d.shuffle, d.system_prompt)
 
     def _next_index(self) -> int:
         if not self.order:  # a new epoch
@@ -61,13 +69,7 @@ class ProblemTask:
         out = []
         for _ in range(n):
             p = self.problems[self._next_index()]
-            ids = (
-                self.tok.apply_chat_template(
-                    [{"role": "user", "content": p.prompt}], add_generation_prompt=True, tokenize=True
-                )
-                if self.tok.chat_template
-                else self.tok.encode(p.prompt)
-            )
+            ids = self.encode_prompt(p.prompt)
             if len(ids) > self.max_prompt_tokens:
                 raise ValueError(
                     f"problem {p.id!r}: prompt has {len(ids)} tokens > data.max_prompt_tokens="
@@ -76,6 +78,28 @@ class ProblemTask:
             out.append(ProblemPrompt(p, list(ids)))
             self.drawn += 1
         return out
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """The prompt's token ids as the model sees them: chat template and system prompt applied."""
+        if not self.tok.chat_template:
+            text = f"{self.system_prompt}\n\n{prompt}" if self.system_prompt else prompt
+            return list(self.tok.encode(text))
+        messages = [{"role": "user", "content": prompt}]
+        if self.system_prompt:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        try:
+            # transformers 5 returns a BatchEncoding (a dict) unless told otherwise
+            ids = self.tok.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        except Exception as e:  # jinja2's TemplateError: templates raise on roles they do not take
+            if not self.system_prompt:
+                raise
+            raise ValueError(
+                f"the tokenizer's chat template refused the system message ({e}); unset data.system_prompt "
+                "or put the instruction in the prompts themselves"
+            ) from None
+        return list(ids)
 
     def state(self) -> dict:
         return {"rng": self.rng.getstate(), "order": self.order, "drawn": self.drawn}

@@ -47,8 +47,19 @@ def build_engine(cfg, procs: Processes, run_dir: Path):
         engine_index=engine_role(procs)[0],
         dtype=hf_dtype_name(spec.params_dtype),
         max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
+        checkpoint_stop_ids=checkpoint_stop_ids(cfg.model),
     )
     return engine
+
+
+def checkpoint_stop_ids(model) -> list[int]:
+    """The end ids of `model.hf_checkpoint` (none without one): the engine's directory holds config.json
+    alone, so these are read here, once, and handed to it (model: config.schema.ModelConfig)."""
+    if not model.hf_checkpoint:
+        return []
+    from megatron_rl.models.checkpoint import stop_token_ids
+
+    return stop_token_ids(model.hf_checkpoint)
 
 
 def engine_role(procs: Processes) -> tuple[int, bool]:

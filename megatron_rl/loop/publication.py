@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from megatron_rl.config.choices import REFUSAL_POLICIES as POLICIES
 from megatron_rl.reshard.publish import Publisher, PublishResult
 
 log = logging.getLogger(__name__)
-POLICIES = ("stop", "skip", "retry")
 
 
 class PublicationRefused(SystemExit):

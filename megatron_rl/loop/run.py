@@ -38,7 +38,8 @@ def header(recipe, run_dir: Path) -> str:
         [
             f"megatron-rl train {recipe.name}: {recipe.steps} steps of {recipe.data.prompts_per_step} prompts "
             f"x {ro.samples_per_prompt} samples",
-            f"  layout   trainer TP{lay.tp} x PP{lay.pp} x DP{lay.dp} on {procs} processes; "
+            f"  layout   trainer TP{lay.tp} x PP{lay.pp} x DP{lay.dp} on {procs} processes "
+            f"(cluster {recipe.cluster.name}); "
             f"engines {lay.engine_count} x TP{lay.engine_tp}, {lay.placement}",
             f"  outputs  {run_dir}/ (log.txt: every rank's full output; steps.jsonl; spans.jsonl; timeline.png)",
             "  starting trainer, reference, engines and reward pool (details in log.txt) ...",

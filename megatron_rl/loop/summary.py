@@ -1,8 +1,8 @@
 """Step metrics from the pieces of a step, and the end-of-run reward summary.
 
 Besides rewards, tokens and throughput, a step records what `megatron-rl report` needs to say where the
-devices sat idle (`generation.tail_s`: the batch waiting on its longest completion), the share of
-completions that stopped on their own (`stop_fraction`), and the trainer's model FLOPs (for MFU).
+devices sat idle (`generation.tail_s`: the batch waiting on its longest completion), how completions
+ended (`completion_stats`: lengths and `stop_fraction`), and the trainer's model FLOPs (for MFU).
 """
 
 from __future__ import annotations
@@ -41,6 +41,18 @@ def trainer_flops(spec, samples: list[Sample], forwards: int) -> float:
     return forwards * total
 
 
+def completion_stats(samples: list[Sample]) -> dict:
+    """Completion lengths and how completions ended: `stop_fraction` is the share that ended at a stop
+    id (finish reason "stop"); the rest hit the length cap. A stop fraction near 0 with the mean near
+    the cap means the engine never saw the model's end ids (models/checkpoint.py `stop_token_ids`)."""
+    lengths = [len(s.token_ids) for s in samples]
+    return {
+        "completion_tokens_mean": _mean([float(n) for n in lengths]),
+        "completion_tokens_max": max(lengths, default=0),
+        "stop_fraction": _mean([float(s.finish_reason == "stop") for s in samples]),
+    }
+
+
 def step_metrics(
     samples: list[Sample], stats: CollectStats, agreement: dict, train: list[dict], publication, run
 ) -> dict:
@@ -70,9 +82,9 @@ def step_metrics(
         "tokens": {
             "generated": gen_tokens,
             "trained": gen_tokens,
-            "mean_completion": gen_tokens / len(samples),
             "truncated_fraction": _mean([float(s.truncated) for s in samples]),
         },
+        **completion_stats(samples),
         "throughput": {
             "generated_tokens_per_s": gen_tokens / gen_s if gen_s > 0 else 0.0,
             "trained_tokens_per_s": gen_tokens / train_s if train_s > 0 else 0.0,
@@ -86,15 +98,15 @@ def step_metrics(
             "calls": len(tails),
             "seconds": sum(stats.call_s),
         },
-        "stop_fraction": 1.0 - _mean([float(s.truncated) for s in samples]),
         "flops": {
             "trainer": trainer_flops(ModelSpec.from_config(cfg.model), samples, forwards),
             "peak_per_device": cfg.cluster.peak_tflops_bf16 * 1e12,
         },
         "logprob_agreement": agreement,
+        # Means over the step's optimizer steps (one per minibatch); `lr` is the scheduled learning rate.
         "train": {
             k: _mean([t[k] for t in train if k in t])
-            for k in ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "grad_norm")
+            for k in ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "grad_norm", "lr")
             if any(k in t for t in train)
         },
         "publication": {
@@ -118,8 +130,6 @@ def reward_stats(records: list[dict], window: int = 10) -> str:
         return "no steps were run"
     w = min(window, max(len(rewards) // 2, 1))
     first, last = _mean(rewards[:w]), _mean(rewards[-w:])
-    ratio = last / first if first > 0 else float("inf")
-    return (
-        f"reward: first-{w} mean {first:.4f}, last-{w} mean {last:.4f} "
-        f"(x{ratio:.2f}) over {len(rewards)} steps"
-    )
+    # A ratio only means something from a non-zero start (x inf says nothing a user can use).
+    ratio = f" (x{last / first:.2f})" if first > 0 else ""
+    return f"reward: first-{w} mean {first:.4f}, last-{w} mean {last:.4f}{ratio} over {len(rewards)} steps"

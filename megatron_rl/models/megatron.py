@@ -93,7 +93,7 @@ def build_gpt(spec: ModelSpec, config, padded_vocab: int, pre_process: bool, pos
     """A GPTModel for one PP stage. Call after `parallel_state.initialize_model_parallel`."""
     from megatron.core.models.gpt import GPTModel
 
-    return GPTModel(
+    model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(spec, use_te),
         vocab_size=padded_vocab,
@@ -104,6 +104,29 @@ def build_gpt(spec: ModelSpec, config, padded_vocab: int, pre_process: bool, pos
         position_embedding_type="rope",
         rotary_base=int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta,
         parallel_output=True,
+    )
+    apply_rope_scaling(model, spec)
+    return model
+
+
+def apply_rope_scaling(model, spec: ModelSpec) -> None:
+    """Scale the model's RoPE frequencies as the checkpoint says (Llama-3.1: `rope_scaling` llama3).
+
+    megatron-core's `GPTModel(rope_scaling=True)` takes only the factor and fixes the other llama3
+    parameters at Llama-3.1's values (original context 8192); the checkpoint's own values are applied
+    here with megatron-core's implementation (`RotaryEmbedding._apply_scaling`), before any forward.
+    """
+    if spec.rope_scaling == "none":
+        return
+    if spec.rope_scaling != "llama3":
+        raise ValueError(f"model.rope_scaling={spec.rope_scaling!r} is not implemented (none | llama3)")
+    rope = model.rotary_pos_emb
+    rope.inv_freq = rope._apply_scaling(
+        rope.inv_freq,
+        factor=spec.rope_scaling_factor,
+        low_freq_factor=spec.rope_low_freq_factor,
+        high_freq_factor=spec.rope_high_freq_factor,
+        original_max_position_embeddings=spec.rope_original_max_position,
     )
 
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from megatron_rl.config.choices import FAMILIES
 from megatron_rl.models.dtypes import dtype_bytes
-
-FAMILIES = ("llama", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -34,11 +33,28 @@ class ModelSpec:
     qk_norm: bool
     tie_word_embeddings: bool
     params_dtype: str
+    # RoPE scaling (models/resolve.py ROPE_TYPES): none | llama3, and llama3's parameters.
+    rope_scaling: str = "none"
+    rope_scaling_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position: int = 0
 
     @classmethod
     def from_config(cls, m) -> ModelSpec:  # m: config.schema.ModelConfig
+        """The spec of the recipe's model group, unset keys read from its checkpoint (models/resolve.py)."""
+        from megatron_rl.models.resolve import resolve_model
+
+        m = resolve_model(m)
         if m.family not in FAMILIES:
             raise ValueError(f"model.family={m.family!r} is not one of {FAMILIES}")
+        unset = [k for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                             "num_query_groups", "vocab_size") if getattr(m, k) is None]  # fmt: skip
+        if unset:
+            raise ValueError(
+                f"model.{unset[0]} is unset and model.hf_checkpoint={m.hf_checkpoint!r} has no readable "
+                "config.json here; state the model's shape in the recipe or run where the checkpoint is"
+            )
         return cls(
             name=m.name,
             family=m.family,
@@ -57,6 +73,11 @@ class ModelSpec:
             qk_norm=m.qk_norm,
             tie_word_embeddings=m.tie_word_embeddings,
             params_dtype=m.params_dtype,
+            rope_scaling=m.rope_scaling,
+            rope_scaling_factor=m.rope_scaling_factor,
+            rope_low_freq_factor=m.rope_low_freq_factor,
+            rope_high_freq_factor=m.rope_high_freq_factor,
+            rope_original_max_position=m.rope_original_max_position,
         )
 
     # ---- shapes ----

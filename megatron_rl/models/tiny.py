@@ -54,9 +54,25 @@ def hf_config(spec: ModelSpec, dtype: str = "float32"):
         kw["attention_bias"] = spec.qkv_bias
         kw["mlp_bias"] = False
     cfg = cfg_cls(**kw)
-    if spec.family == "llama" and hasattr(cfg, "rope_parameters"):
-        cfg.rope_parameters = {"rope_type": "default", "rope_theta": spec.rope_theta}
+    if hasattr(cfg, "rope_parameters"):  # transformers 5: RoPE type, theta and scaling in one dict
+        cfg.rope_parameters = rope_parameters(spec)
+    elif spec.rope_scaling != "none":
+        cfg.rope_scaling = rope_parameters(spec)
     return cfg
+
+
+def rope_parameters(spec: ModelSpec) -> dict:
+    """The HF `rope_parameters` (transformers 5; `rope_scaling` before) of a spec."""
+    if spec.rope_scaling == "none":
+        return {"rope_type": "default", "rope_theta": spec.rope_theta}
+    return {
+        "rope_type": spec.rope_scaling,
+        "rope_theta": spec.rope_theta,
+        "factor": spec.rope_scaling_factor,
+        "low_freq_factor": spec.rope_low_freq_factor,
+        "high_freq_factor": spec.rope_high_freq_factor,
+        "original_max_position_embeddings": spec.rope_original_max_position,
+    }
 
 
 def hf_model(spec: ModelSpec, seed: int = 0, dtype: str = "float32"):

@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 from megatron_rl.plan.calibrate import calibrate, read_steps, summarize
 from megatron_rl.plan.cycle import cycle
@@ -27,7 +28,11 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         help="a shipped recipe name or a path to a recipe YAML (default with --from-steps: the run's own)",
     )
-    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. cluster.nodes=16 layout.engine_tp=8")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="Hydra overrides, e.g. cluster.nodes=16 layout.dp=8 layout.engine_count=32",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of text")
     p.add_argument("--plot", metavar="FILE", help="write a PNG Gantt of the serial and overlapped timelines")
     p.add_argument(
@@ -58,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.recipe is not None and "=" in args.recipe:  # an override, not a recipe name
         args.overrides, args.recipe = [args.recipe, *args.overrides], None
     try:
+        if args.plot and Path(args.plot).is_dir():
+            raise PlanError(f"--plot {args.plot} is a folder; name the PNG file to write")
         if args.recipe is None:
             if not args.from_steps:
                 raise PlanError("name a recipe (megatron-rl list), or pass --from-steps RUN/steps.jsonl")
@@ -70,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             recipe = load_recipe(args.recipe, args.overrides)
         # The driver's own check; the planner still sizes layouts the driver cannot run yet (separated,
         # asynchronous) and memory that does not fit (the report shows where it goes).
-        problems = refused(check_recipe(recipe), "plan")
+        problems = refused(check_recipe(recipe, read_data=False), "plan")
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)
             raise PlanError(f"recipe {recipe.name!r} is invalid (megatron-rl validate):\n{listed}")
@@ -86,13 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         from megatron_rl.plan.plot import gantt
 
-        gantt(report, args.plot)
+        written = gantt(report, args.plot)
     if args.json:
         print(json.dumps(_clean(report.to_json()), indent=2))
     else:
         print(render(report), end="")
         if args.plot:
-            print(f"Gantt written to {args.plot}")
+            print(f"Gantt written to {written}")
     return 0
 
 

@@ -50,6 +50,11 @@ GRAD_BYTES = 4
 FP32_LOGPROB_BYTES = 4
 
 
+def optimizer_bytes_per_param(params_dtype: str) -> int:
+    """Adam's state per parameter: m and v in fp32, plus an fp32 master copy unless the params are fp32."""
+    return 8 if params_dtype == "fp32" else 12
+
+
 def _runtime(inp: PlanInputs, table: dict) -> float:
     return table["cpu" if inp.hw.is_cpu else "gpu"] * GIB
 
@@ -107,7 +112,7 @@ def trainer_memory(inp: PlanInputs, layout: ParallelLayout, recompute: str | Non
     s, w = inp.spec, inp.work
     tp, pp = layout.tp, layout.pp
     b = s.dtype_bytes
-    opt_per_param = 8 if s.params_dtype == "fp32" else 12
+    opt_per_param = optimizer_bytes_per_param(s.params_dtype)
     shard = layout.dp * layout.cp if inp.assume.distributed_optimizer else 1
     tokens = w.micro_batch_size * w.max_sequence_tokens
     per_mb_layer = activation_bytes_per_layer_token(inp, layout, recompute) * tokens

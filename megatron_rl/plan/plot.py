@@ -83,6 +83,8 @@ def gantt(report: PlanReport, path: str | Path) -> Path:
     ax.legend(handles, ORDER, fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.3))
     fig.tight_layout()
     out = Path(path)
+    if out.suffix.lower() != ".png":
+        out = out.with_name(out.name + ".png")  # what matplotlib would write; now said, not surprising
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -31,27 +31,33 @@ def _missing_fractions(
     tp: int, pp: int, cp: int, dp: int, etp: int, engines: int, colocated: bool, gpus_per_node: int
 ) -> tuple[float, float, int, int]:
     """(max missing fraction per engine GPU, per node, trainer nodes, engine nodes)."""
+    # Rank coordinates come from the layout (its rank order), like the publisher's own plan.
+    lay = ParallelLayout(
+        tp=tp, pp=pp, cp=cp, dp=dp, engine_tp=etp, engine_count=engines,
+        placement="colocated" if colocated else "separated",
+    )  # fmt: skip
     cols = tp * etp // math.gcd(tp, etp)
     total = pp * cols
     kt, ke = cols // tp, cols // etp
-    trainer_world = tp * cp * dp * pp
     row_block = (1 << ke) - 1
     engine_masks = [sum(row_block << (row * cols + e * ke) for row in range(pp)) for e in range(etp)]
 
     def trainer_mask(r: int) -> int:
-        return ((1 << kt) - 1) << ((r // (tp * cp * dp)) * cols + (r % tp) * kt)
+        c = lay.trainer_coord(r)
+        return ((1 << kt) - 1) << (c.pp * cols + c.tp * kt)
 
-    base = 0 if colocated else trainer_world
     held_node: dict[int, int] = {}
-    for r in range(trainer_world):
+    for r in range(lay.trainer_world):
         node = r // gpus_per_node
         held_node[node] = held_node.get(node, 0) | trainer_mask(r)
     need_node: dict[int, int] = {}
     gpu_missing = 0
-    for local in range(etp * engines):
-        r = base + local
-        need = engine_masks[local % etp]
-        held = trainer_mask(r) if r < trainer_world else 0
+    for r in range(lay.world_size):
+        coord = lay.engine_coord(r)
+        if coord is None:
+            continue
+        need = engine_masks[coord.tp]
+        held = trainer_mask(r) if lay.is_trainer(r) else 0
         gpu_missing = max(gpu_missing, (need & ~held).bit_count())
         node = r // gpus_per_node
         need_node[node] = need_node.get(node, 0) | need

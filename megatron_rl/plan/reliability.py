@@ -20,6 +20,7 @@ import math
 
 from megatron_rl.layout import ParallelLayout
 from megatron_rl.plan.inputs import PlanInputs
+from megatron_rl.plan.memory import optimizer_bytes_per_param
 
 # Requeue, process start, NCCL and engine initialisation after a failure (assumed; --from-steps
 # replaces it with the measured `init` phase). Reading the checkpoint back is added on top.
@@ -29,7 +30,7 @@ RESTART_FIXED_S = 300.0
 def checkpoint(inp: PlanInputs, layout: ParallelLayout) -> dict:
     s = inp.spec
     params = s.num_params(s.padded_vocab(layout.tp))
-    per_param = s.dtype_bytes + (8 if s.params_dtype == "fp32" else 12)
+    per_param = s.dtype_bytes + optimizer_bytes_per_param(s.params_dtype)
     nbytes = float(params * per_param)
     write_s = nbytes / inp.hw.storage_bytes_per_s
     stage_s = nbytes / layout.trainer_gpus / inp.hw.host_link_bytes_per_s

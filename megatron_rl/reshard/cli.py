@@ -142,7 +142,9 @@ def main(argv: list[str]) -> int:
 
     try:
         recipe = load_recipe(args.recipe, args.overrides)
-        problems = refused(check_recipe(recipe), "plan")  # the driver's check; separated layouts plan too
+        problems = refused(
+            check_recipe(recipe, read_data=False), "plan"
+        )  # the driver's check; separated layouts plan too
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)
             raise RecipeError(f"recipe {recipe.name!r} is invalid (megatron-rl validate):\n{listed}")

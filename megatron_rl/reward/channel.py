@@ -68,6 +68,22 @@ class Channel:
                 msg["name"] = op[2]
             elif kind == "getitem":
                 msg["key"] = wire.encode(op[2], self._handle_ref)
+        except wire.WireError as e:
+            raise TypeError(f"cannot pass this to the solution: {e}") from None
+        reply = self.exchange(msg)
+        if (
+            isinstance(reply, dict)
+            and isinstance(reply.get("raise"), list)
+            and reply["raise"][:1] == ["MemoryError"]
+        ):
+            self.memory_error = True
+        return testrunner.decode_reply(reply, self._make_handle)
+
+    def exchange(self, msg: dict) -> Any:
+        """Send one request frame to U and return its reply frame as it came (untrusted, undecoded).
+
+        Raises JobTimeout past the deadline and SolutionGone once U is dead or broke the protocol."""
+        try:
             data = wire.pack(msg)
         except wire.WireError as e:
             raise TypeError(f"cannot pass this to the solution: {e}") from None
@@ -78,14 +94,7 @@ class Channel:
             self._fail("timeout")
         except OSError:
             self._fail("gone")
-        reply = self._next_frame()
-        if (
-            isinstance(reply, dict)
-            and isinstance(reply.get("raise"), list)
-            and reply["raise"][:1] == ["MemoryError"]
-        ):
-            self.memory_error = True
-        return testrunner.decode_reply(reply, self._make_handle)
+        return self._next_frame()
 
     def wait_load(self) -> dict:
         """U's first message: whether the solution compiled and ran, and the names it defines."""

@@ -60,7 +60,11 @@ def printable(text: str) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="megatron-rl score", description=__doc__.split("\n\n")[0])
-    p.add_argument("--problem", required=True, help="a .json/.jsonl/.parquet problem file, or 'bundled'")
+    p.add_argument(
+        "--problem",
+        required=True,
+        help="'bundled', a .json/.jsonl/.parquet file, a saved `datasets` folder, a folder or glob of files",
+    )
     p.add_argument("--id", help="the problem's id, when the file holds more than one")
     p.add_argument("--completion", required=True, help="a file with the model's completion ('-' reads stdin)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a report")

@@ -40,6 +40,8 @@ host's files and other processes; inside it, each job is split so the verdict ca
   deadline enforced by T (which kills U) and, behind it, by the host (which kills the whole sandbox).
   The whole sandbox, so the job with everything it forks, its tmpfs files, memfd and shm, runs in a
   memory cgroup where the host allows one (`memcg.py`, which also says what is left where it does not).
+- Problems judged by stdin/stdout pairs run the same split: U compiles the program and runs it afresh
+  in a child per pair, input on stdin; T holds the expected outputs and compares (`stdio.py`).
 - Z keeps the next job's C ready: forked, in its namespaces, waiting for a job on a socket of its own,
   so creating namespaces is off the critical path. The host plans the tests (`testplan`) once per
   problem and sends the plan, so T does not parse them per job.
@@ -63,7 +65,7 @@ import traceback
 import types
 from typing import Any
 
-from megatron_rl.reward import seccomp, testplan, testrunner, wire
+from megatron_rl.reward import seccomp, stdio, testplan, testrunner, wire
 from megatron_rl.reward.channel import Channel
 
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID = 0x20000, 0x8000000, 0x10000000, 0x20000000
@@ -187,6 +189,7 @@ def _solution_main(job: dict, sol_fd: int, req_r: int, resp_w: int, out_w: int) 
     msg = wire.read_frame(sol_fd)
     os.close(sol_fd)
     source = msg["code"] if isinstance(msg, dict) and isinstance(msg.get("code"), str) else ""
+    stdio_mode = isinstance(msg, dict) and msg.get("stdio") is True  # a program per stdin/stdout pair
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
     _apply_limits(job)
@@ -203,6 +206,9 @@ def _solution_main(job: dict, sol_fd: int, req_r: int, resp_w: int, out_w: int) 
     except BaseException as e:  # MemoryError/RecursionError from a pathological source
         wire.send_frame(resp_w, {"load": "error", "type": type(e).__name__, "error": str(e)[:500]})
         os._exit(0)
+    if stdio_mode:  # not run here: each pair runs it afresh, as __main__ (stdio.py)
+        wire.send_frame(resp_w, {"load": "ok", "names": [], "values": {}})
+        stdio.serve_programs(code, req_r, resp_w, job["output_limit"])
     module: dict[str, Any] = {"__name__": "solution", "__builtins__": __builtins__}
     try:
         exec(code, module)
@@ -324,19 +330,24 @@ def _run_job(job: dict, tests_fd: int, channel: Channel) -> dict:
     tests = wire.read_frame(tests_fd, deadline=channel.deadline)
     os.close(tests_fd)
     entry_point = tests.get("entry_point") or None
+    pairs, plan = tests.get("io"), None  # stdin/stdout pairs (stdio.py), or Python tests
     try:
-        if "plan" in tests:  # planned by the host (trusted, like the tests themselves)
-            plan = testplan.plan_from_wire(tests["plan"])
+        if pairs is not None:
+            total = len(pairs)
         else:
-            plan = testrunner.plan_tests(tests["tests"], entry_point)
-    except (SyntaxError, ValueError) as e:
+            if "plan" in tests:  # planned by the host (trusted, like the tests themselves)
+                plan = testplan.plan_from_wire(tests["plan"])
+            else:
+                plan = testrunner.plan_tests(tests["tests"], entry_point)
+            total = plan.total
+    except (SyntaxError, ValueError, TypeError) as e:
         return {"status": "sandbox_error", "passed": 0, "total": 0, "failures": [f"unusable tests: {e}"]}
     load = channel.wait_load()
     if load.get("type") == "SandboxError":
         return {
             "status": "sandbox_error",
             "passed": 0,
-            "total": plan.total,
+            "total": total,
             "failures": [str(load.get("error"))],
         }
     if load.get("load") != "ok":
@@ -345,14 +356,18 @@ def _run_job(job: dict, tests_fd: int, channel: Channel) -> dict:
             status = "memory"
         status = channel.status_override() or status
         error = f"{load.get('type', '')}: {load.get('error', '')}".strip(": ")
-        return {"status": status, "passed": 0, "total": plan.total, "failures": [f"load failed: {error}"]}
-    names = load.get("names") if isinstance(load.get("names"), list) else []
-    values = load.get("values") if isinstance(load.get("values"), dict) else {}
-    namespace = testrunner.bind_solution(plan, names, values, entry_point, channel.request)
-    outcome = testrunner.run_units(plan, namespace)
+        return {"status": status, "passed": 0, "total": total, "failures": [f"load failed: {error}"]}
+    hint = None
+    if plan is None:
+        outcome, hint = stdio.run_pairs(pairs, channel)
+    else:
+        names = load.get("names") if isinstance(load.get("names"), list) else []
+        values = load.get("values") if isinstance(load.get("values"), dict) else {}
+        namespace = testrunner.bind_solution(plan, names, values, entry_point, channel.request)
+        outcome = testrunner.run_units(plan, namespace)
     status = channel.status_override()
     if status is None:
-        status = "passed" if outcome.passed == outcome.total else "failed"
+        status = "passed" if outcome.passed == outcome.total else (hint or "failed")
     return {"status": status, "passed": outcome.passed, "total": outcome.total, "failures": outcome.failures}
 
 

@@ -203,14 +203,15 @@ class RewardPool:
             self._done.put(result)
 
     def _score_sandboxed(self, sandbox: Sandbox, sample_id: Any, problem: Problem, text: str) -> RewardResult:
-        if not problem.tests.strip():
+        if not problem.tests.strip() and not problem.io_tests:
             return RewardResult(
                 sample_id, 0.0, SANDBOX_ERROR, output_tail=f"problem {problem.id!r} has no tests"
             )
         code = extract_code(text, problem.entry_point)
         if code is None:
             return RewardResult(sample_id, 0.0, NO_CODE, output_tail="no Python code found in the completion")
-        rec = sandbox.run(code, problem.tests, problem.entry_point, problem.timeout_s or self.cfg.timeout_s)
+        timeout = problem.timeout_s or self.cfg.timeout_s
+        rec = sandbox.run(code, problem.tests, problem.entry_point, timeout, io_tests=problem.io_tests)
         status = rec.get("status") if rec.get("status") in STATUSES else SANDBOX_ERROR
         passed, total = int(rec.get("passed", 0)), int(rec.get("total", 0))
         return RewardResult(

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from megatron_rl.config.choices import REWARD_MODES
+
 # Every status a result can carry. `passed` is the only one a full reward may come with.
 PASSED = "passed"
 FAILED = "failed"  # ran to the end; at least one test failed
@@ -22,7 +24,6 @@ NO_CODE = "no_code"  # no code could be extracted from the completion
 SANDBOX_ERROR = "sandbox_error"  # our side failed (sandbox died, malformed problem): not the sample's fault
 
 STATUSES = (PASSED, FAILED, TIMEOUT, CRASHED, MEMORY, SYNTAX_ERROR, NO_CODE, SANDBOX_ERROR)
-REWARD_MODES = ("all_or_nothing", "fraction")
 
 
 @dataclass

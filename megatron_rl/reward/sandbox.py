@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 _PLANS: dict[tuple[str, str | None], dict] = {}  # tests' plans, wire form, shared by all sandboxes
 _PLANS_LOCK = threading.Lock()
 SANDBOX_UID = SANDBOX_GID = 61000  # what a root host runs sandboxes as; any unused, unprivileged id
-_RUNTIME_MODULES = ("wire", "testplan", "testrunner", "seccomp", "channel", "harness")
+_RUNTIME_MODULES = ("wire", "testplan", "testrunner", "seccomp", "channel", "stdio", "harness")
 _BOOT = """\
 import sys, types
 def _load(name, src):
@@ -254,9 +255,17 @@ class Sandbox:
         return self._stderr.read()[-4000:].decode(errors="replace")
 
     def run(
-        self, code: str, tests: str, entry_point: str | None = None, timeout_s: float | None = None
+        self,
+        code: str,
+        tests: str,
+        entry_point: str | None = None,
+        timeout_s: float | None = None,
+        io_tests: Sequence[tuple[str, str]] = (),
     ) -> dict:
-        """Run `tests` against `code`. Returns status, passed, total, output_tail, seconds."""
+        """Run `tests` against `code`. Returns status, passed, total, output_tail, seconds.
+
+        With `io_tests` ((stdin, expected stdout) pairs; `tests` is then ignored), `code` is a program
+        run once per pair and judged by what it prints (`stdio.py`)."""
         timeout = float(timeout_s if timeout_s is not None else self.limits.timeout_s)
         if not self.alive:
             self.start()
@@ -275,10 +284,11 @@ class Sandbox:
                 os.close(fd)
         record = None
         if sent:
-            for fd, payload in (
-                (sol_w, {"code": code}),
-                (tests_w, self._tests_payload(tests, entry_point)),
-            ):
+            if io_tests:
+                payloads = [{"code": code, "stdio": True}, {"io": [[i, o] for i, o in io_tests]}]
+            else:
+                payloads = [{"code": code}, self._tests_payload(tests, entry_point)]
+            for fd, payload in zip((sol_w, tests_w), payloads):
                 os.set_blocking(fd, False)
                 try:
                     wire.write_all(fd, wire.pack(payload), hard_deadline)

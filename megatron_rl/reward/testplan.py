@@ -48,7 +48,7 @@ Refused when the problem loads (`TestShapeError`, with the line), never scored:
 - tests that bind the entry point's name themselves at module level (they would test their own code),
   two top-level definitions of one test function, an `else:` on the `__main__` block, and tests with
   nothing to pass.
-Problems judged by stdin/stdout pairs are not a shape of these tests; `data/problems.py` refuses them.
+Problems judged by stdin/stdout pairs are not a shape of these tests: `stdio.py` runs and judges them.
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ def convention_problems(
         out.append(Problem("rollout.temperature", temperature, f"must be finite and {low}"))
     if not (math.isfinite(top_p) and 0.0 < top_p <= 1.0):
         out.append(Problem("rollout.top_p", top_p, "must be in (0, 1] (1 = off)"))
-    if top_k == 0 or top_k < -1:
-        out.append(Problem("rollout.top_k", top_k, "must be -1 (off) or >= 1"))
+    if top_k < -1:
+        out.append(Problem("rollout.top_k", top_k, "must be -1 or 0 (off) or >= 1"))
     return out
 
 

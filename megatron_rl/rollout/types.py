@@ -18,7 +18,12 @@ if TYPE_CHECKING:
 from megatron_rl.rollout.convention import LOGPROBS_MODES, convention_problems
 
 FINISH_REASONS = ("stop", "length")
-__all__ = ["FINISH_REASONS", "LOGPROBS_MODES", "SamplingSettings", "Sample"]
+__all__ = ["FINISH_REASONS", "LOGPROBS_MODES", "SamplingSettings", "Sample", "merged_stop_ids"]
+
+
+def merged_stop_ids(recipe_ids: Sequence[int], checkpoint_ids: Sequence[int] = ()) -> tuple[int, ...]:
+    """The ids an engine stops at: the recipe's and the checkpoint's, sorted, each once."""
+    return tuple(sorted({int(t) for t in recipe_ids} | {int(t) for t in checkpoint_ids}))
 
 
 @dataclass(frozen=True)
@@ -26,7 +31,9 @@ class SamplingSettings:
     """How completions are drawn. `logprobs_mode` is an engine setting (fixed at construction).
 
     top_k <= 0 and top_p == 1 switch those filters off. There is no EOS by default: engines run
-    without a tokenizer (token-id prompts), so the recipe's end-of-text id goes into stop_token_ids.
+    without a tokenizer (token-id prompts), so every id that ends a completion is a stop id: the
+    recipe's `rollout.stop_token_ids` and, with `model.hf_checkpoint`, the checkpoint's end ids
+    (models/checkpoint.py `stop_token_ids`), read once when the engine is built.
     """
 
     temperature: float = 1.0
@@ -46,13 +53,14 @@ class SamplingSettings:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @classmethod
-    def from_config(cls, cfg) -> SamplingSettings:  # cfg: config.schema.RolloutConfig
+    def from_config(cls, cfg, checkpoint_stop_ids: Sequence[int] = ()) -> SamplingSettings:
+        """The recipe's sampling (cfg: config.schema.RolloutConfig), stopping also at the checkpoint's ids."""
         return cls(
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             top_k=cfg.top_k,
             max_new_tokens=cfg.max_new_tokens,
-            stop_token_ids=tuple(cfg.stop_token_ids),
+            stop_token_ids=merged_stop_ids(cfg.stop_token_ids, checkpoint_stop_ids),
         )
 
     @property

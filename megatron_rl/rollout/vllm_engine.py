@@ -91,7 +91,11 @@ class VLLMEngine:
         load_format: str = "dummy",
         dtype: str | None = None,
         max_model_len: int | None = None,
+        checkpoint_stop_ids: Sequence[int] = (),
     ):
+        """`checkpoint_stop_ids`: the end ids of the model's checkpoint (models/checkpoint.py
+        `stop_token_ids`), stopped at besides `cfg.stop_token_ids`. The caller reads them once: the
+        engine's own directory may hold config.json alone, and vLLM, given no tokenizer, knows no eos."""
         import torch.distributed as dist
 
         if cfg.logprobs_mode not in LOGPROBS_MODES:
@@ -106,7 +110,7 @@ class VLLMEngine:
             )
         self.cfg = cfg
         self.tp = tp
-        self.sampling = SamplingSettings.from_config(cfg)
+        self.sampling = SamplingSettings.from_config(cfg, checkpoint_stop_ids)
         self.logprobs_mode = cfg.logprobs_mode
         self.on_gpu = torch.cuda.is_available()
         # Every publication overwrites the weights: the delivery decides whether sleeping keeps them.
@@ -187,6 +191,9 @@ class VLLMEngine:
             top_k=s.top_k,
             max_tokens=max_tokens,
             stop_token_ids=list(s.stop_token_ids),
+            # Stop at these ids only: otherwise vLLM adds the eos of whatever generation_config.json or
+            # config.json its model directory holds, so stops would depend on how the engine was started.
+            ignore_eos=True,
             logprobs=0,  # the sampled token's log-prob only
             seed=seed,
             output_kind=RequestOutputKind.FINAL_ONLY,

@@ -76,7 +76,9 @@ class WandbSink:
 
 
 class Progress:
-    """A tqdm bar over steps showing reward and the phase now running."""
+    """A tqdm bar over steps showing reward, the share of completions that ended at a stop id (0 with
+    every completion at the length cap: the engine does not know the model's end ids) and the phase
+    now running."""
 
     def __init__(self, total: int, enabled: bool = True, initial: int = 0, file: TextIO | None = None):
         from tqdm import tqdm
@@ -96,7 +98,8 @@ class Progress:
 
     def step(self, record: dict) -> None:
         r = record.get("reward", {}).get("mean", float("nan"))
-        self.bar.set_description(f"grpo reward={r:.3f}")
+        stop = record.get("stop_fraction")
+        self.bar.set_description(f"grpo reward={r:.3f}" + (f" stop={stop:.2f}" if stop is not None else ""))
         self.bar.update(1)
 
     def close(self) -> None:

@@ -10,7 +10,11 @@ from megatron_rl.trainer.parallel import ParallelState
 from megatron_rl.trainer.policy import OptimSettings, Policy
 
 
-def optim_settings(o) -> OptimSettings:
+def optim_settings(recipe) -> OptimSettings:
+    """The recipe's `optim` group in the trainer's units: the recipe counts warm-up and the run in RL
+    steps, the trainer's scheduler in optimizer steps, of which each RL step takes
+    `algorithm.minibatches`."""
+    o, per_step = recipe.optim, recipe.algorithm.minibatches
     return OptimSettings(
         lr=o.lr,
         min_lr=o.min_lr,
@@ -20,20 +24,26 @@ def optim_settings(o) -> OptimSettings:
         adam_eps=o.adam_eps,
         clip_grad=o.clip_grad,
         distributed_optimizer=o.distributed_optimizer,
+        lr_schedule=o.lr_schedule,
+        warmup_steps=o.warmup_steps * per_step,
+        decay_steps=recipe.steps * per_step,
     )
 
 
-def build_policy(recipe, state: ParallelState, with_optimizer: bool = True) -> Policy:
+def build_policy(
+    recipe, state: ParallelState, with_optimizer: bool = True, import_weights: bool = True
+) -> Policy:
     """The trainer's policy at the recipe's layout: HF weights when `model.hf_checkpoint` is set,
-    megatron-core's seeded initialisation otherwise (the tiny recipe trains from scratch)."""
+    megatron-core's seeded initialisation otherwise (the tiny recipe trains from scratch).
+    `import_weights=False` skips the HF read when a checkpoint of our own fills the model next."""
     spec = ModelSpec.from_config(recipe.model)
     policy = Policy(
         spec,
         state,
-        optim=optim_settings(recipe.optim) if with_optimizer else None,
+        optim=optim_settings(recipe) if with_optimizer else None,
         micro_batch_size=recipe.optim.micro_batch_size,
     )
-    if recipe.model.hf_checkpoint:
+    if recipe.model.hf_checkpoint and import_weights:
         load_hf_into(
             policy.model, spec, recipe.model.hf_checkpoint, state.tp, state.tp_rank, policy.padded_vocab
         )

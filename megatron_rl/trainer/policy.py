@@ -4,7 +4,8 @@ Two operations, both through megatron-core's pipeline schedules so that any TP x
 runs the same code:
 - `logprobs(...)`: teacher-forced per-token log-probs (forward only), returned on every rank;
 - `train_step(...)`: forward/backward over the local microbatches with a caller's loss, then one
-  optimizer step (distributed optimizer, gradient clipping).
+  optimizer step (distributed optimizer, gradient clipping) at the learning rate megatron-core's
+  `OptimizerParamScheduler` gives that step (linear warm-up, then constant or cosine).
 
 Loss scaling: the schedule divides each microbatch loss by the number of microbatches and DDP
 averages gradients over DP ranks. Callers give losses already normalised by the *global* count
@@ -33,6 +34,13 @@ LossFn = Callable[[torch.Tensor, Microbatch], tuple[torch.Tensor, dict[str, torc
 
 @dataclass
 class OptimSettings:
+    """The trainer's optimizer and LR schedule, counted in *optimizer* steps.
+
+    The recipe counts its warm-up in RL steps; `trainer/build.py optim_settings` converts. The
+    defaults here are a plain constant-LR Adam (no warm-up), so that a Policy built by hand takes
+    exactly the step its `lr` says; the recipe defaults live in the schema (config/schema.py).
+    """
+
     lr: float = 1e-6
     min_lr: float = 0.0
     weight_decay: float = 0.0
@@ -41,6 +49,20 @@ class OptimSettings:
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
     distributed_optimizer: bool = True
+    lr_schedule: str = "constant"  # constant | cosine
+    # Optimizer steps whose LR ramps linearly up to `lr` (step k of them uses lr * k / warmup_steps).
+    warmup_steps: int = 0
+    # Cosine only: the run's optimizer steps; the LR reaches `min_lr` at the last of them.
+    decay_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"lr_schedule must be constant or cosine, not {self.lr_schedule!r}")
+        if self.lr_schedule == "cosine" and self.decay_steps <= self.warmup_steps:
+            raise ValueError(
+                f"a cosine schedule needs more optimizer steps ({self.decay_steps}) than warm-up steps "
+                f"({self.warmup_steps}): lower optim.warmup_steps or raise steps"
+            )
 
 
 class Policy:
@@ -62,6 +84,7 @@ class Policy:
         self.model = model.to(state.device)
         self.ddp = None
         self.optimizer = None
+        self.scheduler = None  # megatron-core's OptimizerParamScheduler, with the optimizer
         # A frozen reference may live in host memory between uses (algorithm.reference=offload).
         self.offload_between_uses = False
         self.weights_on_host = False
@@ -98,6 +121,7 @@ class Policy:
             use_distributed_optimizer=o.distributed_optimizer,
         )
         self.optimizer = get_megatron_optimizer(ocfg, [self.ddp])
+        self.scheduler = lr_scheduler(self.optimizer, o)
         self.config.no_sync_func = self.ddp.no_sync
         self.config.finalize_model_grads_func = finalize_model_grads
 
@@ -231,6 +255,8 @@ class Policy:
         With a telemetry `timer`, forward/backward and the optimizer step are timed as the phases
         `train_fwd_bwd` and `optimizer`.
         """
+        from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
+
         if self.optimizer is None:
             raise RuntimeError("Policy was built without an optimizer (pass optim=OptimSettings(...))")
         mbs = self._microbatches(sequences, prompt_lens, seq_len, extras)
@@ -256,12 +282,46 @@ class Policy:
         self.ddp.zero_grad_buffer()
         with timer.phase("train_fwd_bwd") if timer else nullcontext():
             outs = self._run(mbs, forward_only=False, step_fn=step)
+        # The scheduler counts optimizer steps taken; stepping it first gives the k-th step (k from 1)
+        # the LR of step k, so no step of the warm-up runs at LR 0.
+        self.scheduler.step(1)
+        lr = get_canonical_lr_for_logging(self.optimizer.param_groups)
         with timer.phase("optimizer") if timer else nullcontext():
             ok, grad_norm, _ = self.optimizer.step()
+        if not ok:  # a skipped update (fp16 overflow) does not advance the schedule, as in megatron-core
+            self.scheduler.step(-1)
         metrics: dict[str, float] = {"grad_norm": float(grad_norm) if grad_norm is not None else float("nan")}
         metrics["update_successful"] = float(bool(ok))
+        metrics["lr"] = float(lr) if lr is not None else float("nan")
         metrics.update(_combine(outs))
         return metrics
+
+
+def lr_scheduler(optimizer, o: OptimSettings):
+    """megatron-core's own scheduler for `o`'s schedule, weight decay held constant.
+
+    The recipe is the truth on resume (`override_opt_param_scheduler`): a checkpoint restores only
+    how many optimizer steps were taken (checkpoint/resume.py), so the same recipe continues the
+    schedule exactly and an edited one (more steps, another lr) takes effect from there."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    # megatron asserts warm-up < decay steps even for a constant LR, whose decay length is unused.
+    decay = o.decay_steps if o.lr_schedule == "cosine" else o.warmup_steps + 1
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0,
+        max_lr=o.lr,
+        min_lr=min(o.min_lr, o.lr),
+        lr_warmup_steps=o.warmup_steps,
+        lr_decay_steps=decay,
+        lr_decay_style=o.lr_schedule,
+        start_wd=o.weight_decay,
+        end_wd=o.weight_decay,
+        wd_incr_steps=decay,
+        wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=False,
+        override_opt_param_scheduler=True,
+    )
 
 
 _SUMMED = {"loss", "pg_loss", "tokens"}

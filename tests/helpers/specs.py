@@ -21,4 +21,16 @@ LLAMA_TINY_TIED = replace(
 QWEN3_TINY = replace(
     QWEN2_TINY, name="qwen3_tiny", family="qwen3", qkv_bias=False, qk_norm=True, rope_theta=1000000.0
 )
-SPECS = {s.name: s for s in (QWEN2_TINY, LLAMA_TINY_TIED, QWEN3_TINY)}
+# Llama-3.1's RoPE scaling with a tiny original context (8 positions): the test batch's sequences
+# (up to 14 tokens) reach the scaled range.
+LLAMA31_TINY_SCALED = replace(
+    LLAMA_TINY_TIED,
+    name="llama31_tiny_scaled",
+    tie_word_embeddings=False,
+    rope_scaling="llama3",
+    rope_scaling_factor=8.0,
+    rope_low_freq_factor=1.0,
+    rope_high_freq_factor=4.0,
+    rope_original_max_position=8,
+)
+SPECS = {s.name: s for s in (QWEN2_TINY, LLAMA_TINY_TIED, QWEN3_TINY, LLAMA31_TINY_SCALED)}

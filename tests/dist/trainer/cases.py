@@ -14,6 +14,8 @@ LOGPROB_CASES = [
     ("llama_tiny_tied", 2, 2, 1),
     ("llama_tiny_tied", 1, 1, 1),
     ("qwen3_tiny", 2, 2, 1),
+    ("llama31_tiny_scaled", 1, 1, 1),  # RoPE scaling (llama3) past the original context
+    ("llama31_tiny_scaled", 2, 2, 1),
 ]
 TRAIN_CASES = [(2, 1), (2, 2)]  # DP2 and DP1 with 4 processes
 OPTIM = dict(

@@ -29,10 +29,16 @@ def _result(proc) -> dict:
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
+def saved_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("integrity") / "pristine"
-    digests = _result(torchrun(WORKER, 2, ["save", str(root)]))
-    return root, {int(k): v for k, v in digests.items()}
+    return root, _result(torchrun(WORKER, 2, ["save", str(root)]))
+
+
+@pytest.fixture(scope="module")
+def saved(saved_run):
+    """The checkpoints' root and each step's per-rank weight digests."""
+    root, out = saved_run
+    return root, {int(k): v for k, v in out.items() if k != "lr"}
 
 
 def _copy(saved, tmp_path):
@@ -120,6 +126,18 @@ def test_an_update_after_resume_equals_the_uninterrupted_update(saved):
     root, digests = saved
     out = _result(torchrun(WORKER, 2, ["continue", str(root)]))
     assert out["digests"] == digests[2]
+
+
+def test_the_lr_schedule_continues_exactly_after_resume(saved_run):
+    """Resumed at step 2 (a policy that had already stepped once), step 3 runs at the LR and gives the
+    weights of the uninterrupted run's step 3: the scheduler's step count comes back from the checkpoint
+    (warm-up then cosine, so every step's LR differs)."""
+    root, out = saved_run
+    lrs = {int(k): v for k, v in out["lr"].items()}
+    assert len(set(lrs.values())) == 3
+    resumed = _result(torchrun(WORKER, 2, ["continue", str(root), "2"]))
+    assert resumed["lr"] == lrs[3]
+    assert resumed["digests"] == out["3"]
 
 
 @pytest.fixture

@@ -2,10 +2,12 @@
 
     torchrun --nproc-per-node 2 worker_integrity.py save ROOT     # steps 1, 2 async and 3 sync
     torchrun --nproc-per-node 2 worker_integrity.py load ROOT     # resume=auto: which step, which weights
-    torchrun --nproc-per-node 2 worker_integrity.py continue ROOT # load step 1, redo step 2's update
+    torchrun --nproc-per-node 2 worker_integrity.py continue ROOT [N] # load step N (1), redo step N+1
     torchrun --nproc-per-node 2 worker_integrity.py nospace ROOT sync|async  # ROOT on a disk too small
 
 Prints one JSON line (rank 0) prefixed with RESULT. Weights are compared by their digest per rank.
+The optimizer warms up and decays its LR (OPTIM), so an update after a resume equals the
+uninterrupted one only if the LR schedule continues where it was saved.
 """
 
 import json
@@ -14,6 +16,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+# Warm-up over 2 optimizer steps, then cosine: every one of steps 1..3 has another LR.
+OPTIM = dict(lr=1e-3, min_lr=1e-4, lr_schedule="cosine", warmup_steps=2, decay_steps=6)
 
 
 class _Processes:  # the two fields Checkpointer uses
@@ -39,10 +44,11 @@ def _all_digests(policy) -> list[str]:
     return out
 
 
-def _train_step(policy, spec, seed: int) -> None:
+def _train_step(policy, spec, seed: int) -> float:
+    """One optimizer step on a seeded batch; returns the LR it used."""
     g = torch.Generator().manual_seed(seed)
     seqs = [torch.randint(0, spec.vocab_size, (32,), generator=g).tolist() for _ in range(4)]
-    policy.train_step(seqs, [8] * 4, lambda lp, mb: (-(lp * mb.loss_mask_BT).sum() / 96.0, {}))
+    return policy.train_step(seqs, [8] * 4, lambda lp, mb: (-(lp * mb.loss_mask_BT).sum() / 96.0, {}))["lr"]
 
 
 def main() -> None:
@@ -58,17 +64,18 @@ def main() -> None:
     mode, root = sys.argv[1], Path(sys.argv[2])
     state = init_parallel(ParallelLayout.over(launched_world(), 2, 1))
     spec = ModelSpec.from_config(load_recipe("grpo_tiny_cpu").model)
-    policy = Policy(spec, state, optim=OptimSettings(lr=1e-3), micro_batch_size=2)
+    policy = Policy(spec, state, optim=OptimSettings(**OPTIM), micro_batch_size=2)
     procs = _Processes(dist.get_rank())
     result: dict = {}
     if mode == "save":
         ck = Checkpointer(root, procs, keep_last=5, async_save=True)
+        result["lr"] = {}
         for step in (1, 2):
-            _train_step(policy, spec, step)
+            result["lr"][step] = _train_step(policy, spec, step)
             ck.save(step, policy, None, {"step": step, "world_size": 2, "task": {}})
             result[step] = _all_digests(policy)
         ck.close()
-        _train_step(policy, spec, 3)
+        result["lr"][3] = _train_step(policy, spec, 3)
         Checkpointer(root, procs, keep_last=5, async_save=False).save(
             3, policy, None, {"step": 3, "world_size": 2, "task": {}}
         )
@@ -80,10 +87,11 @@ def main() -> None:
             _train_step(policy, spec, 99)  # the optimizer state must exist to load into it
             result["step"] = load(path, procs.rank, policy, None, _Task())["step"]
             result["digests"] = _all_digests(policy)
-    elif mode == "continue":  # resume from step 1 and take step 2's optimizer step again
-        _train_step(policy, spec, 99)
-        load(root / "step_000001", procs.rank, policy, None, _Task())
-        _train_step(policy, spec, 2)
+    elif mode == "continue":  # resume from step N and take step N+1's optimizer step again
+        n = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+        _train_step(policy, spec, 99)  # also advances the schedule: the load must set, not add
+        load(root / f"step_{n:06d}", procs.rank, policy, None, _Task())
+        result["lr"] = _train_step(policy, spec, n + 1)
         result["digests"] = _all_digests(policy)
     elif mode == "nospace":
         _train_step(policy, spec, 1)

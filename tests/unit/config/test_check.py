@@ -85,7 +85,7 @@ def test_each_out_of_range_value_is_refused_naming_its_key(tiny, key, value):
         "checkpoint.keep_last=-1",
         "rollout.gpu_memory_utilization=5",
         "algorithm.kl_coef=nan",
-        "rollout.top_k=0",
+        "rollout.top_k=-2",
         "rollout.top_p=0",
         "optim.adam_beta2=1",
         "rollout.stop_token_ids=[5,-1]",
@@ -135,10 +135,15 @@ def test_missing_files_are_refused_by_the_driver_and_noted_by_validate(tmp_path)
     assert {p.key for p in problems} == {"model.hf_checkpoint", "data.source"}
     assert refused(problems, "run") and not refused(problems, "validate")
     assert all(line.startswith("not checked here:") for line in notes(problems, "validate"))
-    (tmp_path / "nope").mkdir()
-    (tmp_path / "nope" / "config.json").write_text("{}")
+    from megatron_rl.models.tiny import hf_config, tiny_spec
+
+    # The tiny recipe's own model as a checkpoint config (the recipe's keys must agree with it).
+    hf_config(tiny_spec(vocab_size=17, max_position_embeddings=256)).save_pretrained(tmp_path / "nope")
     (tmp_path / "none.jsonl").write_text("")
-    assert check_recipe(recipe) == []
+    assert check_recipe(recipe, read_data=False) == []
+    # Read, the data is refused for what it holds (here: nothing).
+    [p] = check_recipe(recipe)
+    assert p.key == "data.source" and "contains no problems" in p.message
 
 
 def test_ranges_reject_what_math_would_accept():

@@ -155,6 +155,10 @@ FILES = {
     "huge.yaml": "# " + "x" * (1 << 21) + "\n",
     "wrong_type.yaml": "defaults:\n  - /base\n  - _self_\nname: x\nsteps: many\n",
     "interp.yaml": "defaults:\n  - /base\n  - _self_\nname: x\nsteps: ${nope}\n",
+    "nested_list.yaml": "name: x\nfoo: " + "[" * 20000 + "]" * 20000 + "\n",
+    "nested_map.yaml": "name: x\nfoo: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n",
+    "recursive_alias.yaml": "defaults:\n  - /base\n  - _self_\nname: x\nfoo: &a [1, *a]\n",
+    "dots.yaml": "defaults:\n  - /base\n  - _self_\nname: ..\n",
 }
 
 
@@ -164,6 +168,8 @@ def test_adversarial_recipe_files(tmp_path, cmd, fname):
     path = tmp_path / fname
     path.write_text(FILES[fname])
     rc, err = run_cli([*cmd, str(path)], limit_s=10.0)
+    if cmd == ["show"] and fname == "dots.yaml":
+        return  # show prints any recipe that composes; the check refuses its name
     assert rc != 0 and err.strip(), f"{fname}: exit {rc}"
 
 
@@ -174,6 +180,27 @@ def test_bomb_and_size_are_refused_with_the_reason(tmp_path):
     (tmp_path / "huge.yaml").write_text(FILES["huge.yaml"])
     rc, err = run_cli(["validate", str(tmp_path / "huge.yaml")], limit_s=5.0)
     assert rc == 2 and "at most" in err
+
+
+def test_a_bomb_beside_the_recipe_is_refused(tmp_path):
+    """A defaults entry may pull in any YAML of the recipe's folder: those are bounded too."""
+    (tmp_path / "other.yaml").write_text(BOMB)
+    (tmp_path / "main.yaml").write_text("defaults:\n  - /base\n  - other\n  - _self_\nname: x\n")
+    rc, err = run_cli(["validate", str(tmp_path / "main.yaml")], limit_s=10.0)
+    assert rc == 2 and "aliases" in err
+
+
+def test_long_names_and_huge_numbers(tmp_path):
+    for argv in (
+        ["plan", "a" * 300 + ".yaml", "--no-search"],
+        ["reshard-plan", "a" * 300 + ".yaml"],
+        ["cp", "a" * 300, str(tmp_path)],
+        ["validate", "grpo_tiny_cpu", "model.vocab_size=1" + "0" * 330],
+        ["plan", "grpo_tiny_cpu", "--no-search", "model.hidden_size=1" + "0" * 30],
+        ["plan", "grpo_tiny_cpu", "--no-search", "--plot", str(tmp_path)],
+    ):
+        rc, err = run_cli(argv)
+        assert rc != 0 and err.strip(), f"{argv[:3]}: exit {rc}"
 
 
 def test_paths_that_are_not_recipe_files(tmp_path):

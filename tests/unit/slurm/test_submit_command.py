@@ -65,7 +65,7 @@ def _layout_problems(recipe) -> list[str]:
     return [str(p) for p in check_recipe(recipe) if p.kind not in ("files", "memory")]
 
 
-def test_fit_problems_name_each_cause():
+def test_layout_problems_name_each_cause():
     recipe = load_recipe("grpo_qwen2.5-7b_1n8g")
     recipe.cluster.gpus_per_node, recipe.cluster.nodes = 4, 2  # 8 GPUs still, but TP4 engines TP2 ok
     assert _layout_problems(recipe) == []

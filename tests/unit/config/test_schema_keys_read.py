@@ -1,0 +1,176 @@
+"""Every key of the recipe schema is read by the code: none is accepted and then ignored.
+
+The tiny recipe is loaded and each group dataclass (and the recipe itself) is given a subclass that
+records which of its fields are read, and from where. Then the code that consumes a recipe without
+processes or GPUs runs on it: the recipe check, the planner, the model spec, the optimizer settings,
+the Slurm request, the task, the checkpoint interval. A read counts only when it comes from the
+package itself and not from `check.py` or `config/schema.py`: a key that is only validated is still
+ignored (`optim.warmup_steps` was: range-checked, read nowhere).
+
+Keys read only on paths this test cannot run (the driver loop, the engine, the reward pool, the
+process groups) are listed in READ_ELSEWHERE with the function that reads them; the test checks that
+each function's source really reads that field. A selector whose only admitted value is the one
+behaviour there is (`ENUMS` in check.py holds one value: any other is refused) needs no reader.
+A new schema key that nothing reads fails here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_rl.config.load import load_recipe
+from megatron_rl.config.schema import GROUPS, RecipeConfig
+
+PACKAGE = Path(importlib.import_module("megatron_rl").__file__).parent
+NOT_EVIDENCE = {PACKAGE / "check.py", PACKAGE / "config" / "schema.py"}
+
+# key -> "module:function" that reads it, on a path that needs processes, an engine or a GPU.
+READ_ELSEWHERE = {
+    "model.fixture": "megatron_rl.launch_local:main",
+    "algorithm.advantage_std_norm": "megatron_rl.loop.rl_batch:advantages_with_kl",
+    "algorithm.clip_low": "megatron_rl.loop.rl_batch:grpo_loss_fn",
+    "algorithm.clip_high": "megatron_rl.loop.rl_batch:grpo_loss_fn",
+    "algorithm.kl_estimator": "megatron_rl.train:main",
+    "algorithm.kl_in_reward": "megatron_rl.train:main",
+    "algorithm.loss_agg": "megatron_rl.train:main",
+    "algorithm.dynamic_sampling": "megatron_rl.loop.collect:collect_batch",
+    "algorithm.max_resample_rounds": "megatron_rl.loop.collect:collect_batch",
+    "algorithm.overlong": "megatron_rl.loop.rl_batch:shaped_rewards",
+    "algorithm.overlong_penalty_tokens": "megatron_rl.loop.rl_batch:shaped_rewards",
+    "algorithm.truncated_is_cap": "megatron_rl.loop.rl_batch:grpo_loss_fn",
+    "rollout.stop_token_ids": "megatron_rl.rollout.vllm_engine:VLLMEngine",
+    "rollout.enforce_eager": "megatron_rl.rollout.vllm_engine:VLLMEngine",
+    "rollout.logprob_check_threshold": "megatron_rl.train:main",
+    "rollout.on_refused_publication": "megatron_rl.train:main",
+    "rollout.max_refused_publications": "megatron_rl.train:main",
+    # ProblemTask (every source but synthetic) needs the model's tokenizer, which the tiny recipe lacks.
+    "data.shuffle": "megatron_rl.data.task:ProblemTask",
+    "data.columns": "megatron_rl.data.task:ProblemTask",
+    "data.system_prompt": "megatron_rl.data.task:ProblemTask",
+    "reward.function": "megatron_rl.reward.pool:RewardPool",
+    "reward.mode": "megatron_rl.reward.pool:RewardPool",
+    "reward.unsafe_local": "megatron_rl.reward.pool:RewardPool",
+    "reward.workers": "megatron_rl.loop.components:build_reward_pool",
+    "reward.timeout_s": "megatron_rl.reward.pool:RewardPool",
+    "reward.memory_mb": "megatron_rl.reward.pool:RewardPool",
+    "checkpoint.dir": "megatron_rl.loop.components:build_checkpointer",
+    "checkpoint.keep_last": "megatron_rl.loop.components:build_checkpointer",
+    "checkpoint.keep_every": "megatron_rl.loop.components:build_checkpointer",
+    "checkpoint.resume": "megatron_rl.loop.components:resume",
+    "logger.wandb": "megatron_rl.loop.records:RunLog",
+    "logger.project": "megatron_rl.loop.records:RunLog",
+    "logger.group": "megatron_rl.loop.records:RunLog",
+    "logger.run_dir": "megatron_rl.loop.run:start_run",
+    "logger.progress": "megatron_rl.loop.records:RunLog",
+    "cluster.dist_timeout_s": "megatron_rl.loop.processes:Processes",
+    "optim.lr_schedule": "megatron_rl.trainer.build:optim_settings",
+    "seed": "megatron_rl.train:main",
+    "rollout.top_p": "megatron_rl.rollout.vllm_engine:VLLMEngine",
+    "rollout.top_k": "megatron_rl.rollout.vllm_engine:VLLMEngine",
+    "rollout.seed": "megatron_rl.loop.components:build_engine",
+    "reward.kind": "megatron_rl.reward.pool:RewardPool",
+}
+
+
+def _single_choice() -> set[str]:
+    from megatron_rl.check import ENUMS
+
+    return {k for k, allowed in ENUMS.items() if len(allowed) == 1}
+
+
+def _leaves() -> list[str]:
+    out = []
+    for f in dataclasses.fields(RecipeConfig):
+        group = GROUPS.get(f.name)
+        out += [f"{f.name}.{g.name}" for g in dataclasses.fields(group)] if group else [f.name]
+    return out
+
+
+def _recording(obj, prefix: str, reads: set[str]):
+    """`obj` with its class swapped for a subclass that records reads of its fields from the package."""
+    cls, names = type(obj), {f.name for f in dataclasses.fields(obj)}
+
+    def __getattribute__(self, name):
+        if name in names:
+            caller = Path(sys._getframe(1).f_code.co_filename)
+            if caller.is_relative_to(PACKAGE) and caller not in NOT_EVIDENCE:
+                reads.add(prefix + name)
+        return object.__getattribute__(self, name)
+
+    obj.__class__ = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__})
+    return obj
+
+
+def _consume(recipe) -> None:
+    """What reads a recipe without processes, engines or GPUs."""
+    from megatron_rl.check import check_recipe
+    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.loop import components
+    from megatron_rl.loop.run import header
+    from megatron_rl.models.spec import ModelSpec
+    from megatron_rl.plan.cycle import cycle
+    from megatron_rl.plan.inputs import inputs_from_recipe
+    from megatron_rl.plan.reliability import reliability
+    from megatron_rl.slurm_submit import request_from_recipe, sbatch_command
+    from megatron_rl.trainer.build import optim_settings
+
+    check_recipe(recipe)
+    inp, lay = inputs_from_recipe(recipe), ParallelLayout.from_config(recipe.layout)
+    reliability(inp, lay, cycle(inp, lay).step_s)
+    ModelSpec.from_config(recipe.model)
+    optim_settings(recipe)
+    sbatch_command(request_from_recipe(recipe), recipe.name, [])
+    components.checkpoint_interval(recipe)
+    components.trainer_temperature(recipe.rollout)
+    components.build_task(recipe)
+    header(recipe, Path("outputs"))
+
+
+@pytest.fixture(scope="module")
+def reads() -> set[str]:
+    seen: set[str] = set()
+    recipe = load_recipe("grpo_tiny_cpu")
+    for name in GROUPS:
+        _recording(getattr(recipe, name), f"{name}.", seen)
+    _consume(_recording(recipe, "", seen))
+    return seen
+
+
+def test_every_schema_key_is_read(reads):
+    excused = READ_ELSEWHERE.keys() | _single_choice()
+    ignored = [k for k in _leaves() if k not in reads and k not in excused]
+    assert not ignored, (
+        f"schema keys accepted but read by nothing this test runs: {ignored}. Read them, remove them, "
+        "or (when only a process/engine/GPU path reads them) list the function in READ_ELSEWHERE"
+    )
+
+
+@pytest.mark.parametrize("key", sorted(READ_ELSEWHERE))
+def test_a_key_read_elsewhere_is_read_by_its_function(key):
+    """The listed function's source reads the field (`.field`), and the key is in the schema."""
+    assert key in _leaves(), f"{key} is not a schema key: drop it from READ_ELSEWHERE"
+    module, qualname = READ_ELSEWHERE[key].split(":")
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    field = key.rsplit(".", 1)[-1]
+    assert f".{field}" in inspect.getsource(obj), f"{READ_ELSEWHERE[key]} does not read {key}"
+
+
+def test_the_recorder_sees_reads_from_the_package_only():
+    """The instrument itself: a read from the package counts, one from this test does not."""
+    from megatron_rl.trainer.build import optim_settings
+
+    seen: set[str] = set()
+    recipe = load_recipe("grpo_tiny_cpu")
+    _recording(recipe.optim, "optim.", seen)
+    _recording(recipe.algorithm, "algorithm.", seen)
+    assert recipe.optim.lr > 0 and not seen
+    optim_settings(recipe)
+    assert {"optim.lr", "optim.warmup_steps", "algorithm.minibatches"} <= seen
