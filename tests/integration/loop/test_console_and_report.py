@@ -161,10 +161,11 @@ def test_plan_from_steps_prints_measured_next_to_predicted(runs):
 
 def test_a_failing_run_shows_its_error_briefly(tmp_path):
     """An error after the console took over fds 1 and 2 still reaches the terminal, without torchrun's
-    traceback: each rank's message, one line per failed rank, and the end of log.txt."""
-    bad = tmp_path / "problems.jsonl"
-    bad.write_text('{"no": "prompt"}\n')
-    proc = launch(tmp_path, 1, [f"data.source={bad}"], name="failing", wait=False)
+    traceback: each rank's message, one line per failed rank, and the end of log.txt. The error is one the
+    recipe check cannot see: a checkpoint folder that exists but does not verify, found at start-up."""
+    bad = tmp_path / "not_a_checkpoint"
+    bad.mkdir()
+    proc = launch(tmp_path, 1, [f"checkpoint.resume={bad}"], name="failing", wait=False)
     assert proc.wait(timeout=600) != 0
     text = (tmp_path / "failing.log").read_text()
     lines = console_lines(text)

@@ -90,6 +90,6 @@ def test_a_layout_that_does_not_fit_is_refused_before_sbatch(slurm, tmp_path):
     ]
     proc = slurm.run(cli, cwd=tmp_path, check=False)
     assert proc.returncode == 1 and proc.stdout == ""
-    assert "the layout starts 8 ranks" in proc.stderr and "= 16 GPUs" in proc.stderr
+    assert "trainer world tp x pp x dp x cp = 8 must equal" in proc.stderr and "= 16" in proc.stderr
     assert "set cluster.nodes=1" in proc.stderr
     assert slurm.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split() == before, "nothing was queued"
