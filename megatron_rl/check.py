@@ -237,6 +237,7 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
     out += disagreements(cfg.model)
     out += model_problems(model)
     out += tokenizer_problems(model)
+    out += stop_id_problems(model)
     if out:
         return out + file_problems(cfg)  # no shape to check the layout, lengths or memory against
     cfg = replace(cfg, model=model)
@@ -373,7 +374,7 @@ def prompt_problems(cfg: RecipeConfig) -> list[Problem]:
     d, ckpt = cfg.data, cfg.model.hf_checkpoint
     try:
         tok = AutoTokenizer.from_pretrained(ckpt)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # OSError, ValueError, huggingface_hub's validation errors: any is a refusal
         return [Problem("model.hf_checkpoint", ckpt, f"holds no tokenizer transformers can load: {e}")]
     try:
         task = ProblemTask(
@@ -382,7 +383,12 @@ def prompt_problems(cfg: RecipeConfig) -> list[Problem]:
     except (ValueError, OSError) as e:
         return [Problem("data.source", d.source, f"cannot be read as problems: {e}")]
     cap = cfg.data.max_prompt_tokens
-    sizes = [(len(task.encode_prompt(p.prompt)), p.id) for p in task.problems[:MAX_PROMPTS_CHECKED]]
+    try:
+        sizes = [(len(task.encode_prompt(p.prompt)), p.id) for p in task.problems[:MAX_PROMPTS_CHECKED]]
+    except Exception as e:  # the chat template raised (jinja's TemplateError), or refused a system message
+        key = "data.system_prompt" if d.system_prompt else "model.hf_checkpoint"
+        value = d.system_prompt if d.system_prompt else ckpt
+        return [Problem(key, value, f"the tokenizer's chat template fails on the prompts: {e}")]
     long = sorted((n, pid) for n, pid in sizes if n > cap)
     if not long:
         return []
@@ -395,6 +401,31 @@ def prompt_problems(cfg: RecipeConfig) -> list[Problem]:
             "the chat template); raise it or drop those problems",
         )
     ]
+
+
+def stop_id_problems(model) -> list[Problem]:
+    """The end ids the engines will stop at, read from the checkpoint as the driver reads them: a file
+    that does not parse, or an id past the vocabulary, is refused here rather than when engines start."""
+    if not model.hf_checkpoint or not (Path(model.hf_checkpoint) / "config.json").is_file():
+        return []
+    from megatron_rl.models.checkpoint import stop_token_ids
+
+    try:
+        ids = stop_token_ids(model.hf_checkpoint)
+    except (ValueError, OSError) as e:
+        return [
+            Problem("model.hf_checkpoint", model.hf_checkpoint, f"its end-of-sequence ids do not read: {e}")
+        ]
+    past = [i for i in ids if model.vocab_size is not None and i >= model.vocab_size]
+    if past:
+        return [
+            Problem(
+                "model.hf_checkpoint",
+                model.hf_checkpoint,
+                f"names end ids {past} at or past model.vocab_size={model.vocab_size}",
+            )
+        ]
+    return []
 
 
 def file_problems(cfg: RecipeConfig) -> list[Problem]:

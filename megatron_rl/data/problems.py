@@ -208,7 +208,13 @@ def _io_pairs(value: Any) -> tuple[tuple[str, str], ...]:
         )
     if not raw:
         raise ValueError("has an empty list of stdin/stdout tests: nothing to pass")
-    return tuple((_io_text(i, n, "input"), _io_text(o, n, "output")) for n, (i, o) in enumerate(raw))
+    pairs = tuple((_io_text(i, n, "input"), _io_text(o, n, "output")) for n, (i, o) in enumerate(raw))
+    if all(not o.strip() for _, o in pairs):
+        # A program that prints nothing would pass every pair: such tests reward doing nothing.
+        raise ValueError(
+            "expects blank output for every stdin/stdout test: a program that prints nothing passes"
+        )
+    return pairs
 
 
 def _io_text(value: Any, index: int, which: str) -> str:
@@ -234,6 +240,11 @@ def check_columns(columns: Mapping[str, str] | None) -> dict[str, str]:
     for name, column in columns.items():
         if not isinstance(column, str) or not column:
             raise ValueError(f"data.columns.{name} must name a column of the data; got {column!r}")
+    shared = sorted({c for c in columns.values() if list(columns.values()).count(c) > 1})
+    if shared:
+        raise ValueError(
+            f"data.columns maps several fields to the column(s) {shared}; map each field to its own"
+        )
     return columns
 
 

@@ -19,12 +19,17 @@ def _read(path: Path) -> dict:
 
 
 def _ids(value) -> list[int]:
-    """An `eos_token_id` as HF writes it: absent, one int, or a list of ints."""
+    """An `eos_token_id` as HF writes it: absent, one int, or a list of ints; anything else (a string,
+    a null inside the list) is refused rather than read as something the engines would stop at."""
     if value is None:
         return []
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return [value]
-    return [int(v) for v in value]
+    if isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        return list(value)
+    raise ValueError(f"eos_token_id must be a token id or a list of them; got {value!r}")
 
 
 def _token_text(token) -> str | None:

@@ -102,6 +102,18 @@ def fields_from_config(cfg: dict, where: str = "config.json") -> dict:
             f"{where}: model_type={model_type!r} is not a family this project trains ({', '.join(MODEL_TYPES)})"
         )
     family = MODEL_TYPES[model_type]
+    _refuse_unimplemented(cfg, family, where)
+    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size",
+                "num_key_value_heads", "head_dim", "max_position_embeddings"):  # fmt: skip
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise CheckpointConfigError(f"{where}: {key}={value!r} must be a positive integer")
+    for key in ("rms_norm_eps", "rope_theta"):
+        value = cfg.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+        ):
+            raise CheckpointConfigError(f"{where}: {key}={value!r} must be a positive number")
     heads = cfg.get("num_attention_heads")
     out = {
         "family": family,
@@ -114,14 +126,22 @@ def fields_from_config(cfg: dict, where: str = "config.json") -> dict:
         "max_position_embeddings": cfg.get("max_position_embeddings"),
         "norm_eps": cfg.get("rms_norm_eps"),
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-        "qkv_bias": FAMILY_DEFAULTS[family]["qkv_bias"] or bool(cfg.get("attention_bias", False)),
+        "qkv_bias": FAMILY_DEFAULTS[family]["qkv_bias"],  # attention_bias was refused above
         "qk_norm": FAMILY_DEFAULTS[family]["qk_norm"],
     }
     if cfg.get("head_dim"):
         out["head_dim"] = cfg["head_dim"]
     elif heads and cfg.get("hidden_size"):
         out["head_dim"] = cfg["hidden_size"] // heads
-    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    legacy, params = cfg.get("rope_scaling"), cfg.get("rope_parameters")
+    for name, value in (("rope_scaling", legacy), ("rope_parameters", params)):
+        if value is not None and not isinstance(value, dict):
+            raise CheckpointConfigError(f"{where}: {name} must be an object; got {value!r}")
+    if legacy and params and _rope_type(legacy) != _rope_type(params):
+        raise CheckpointConfigError(
+            f"{where}: rope_scaling ({_rope_type(legacy)}) and rope_parameters ({_rope_type(params)}) disagree"
+        )
+    rope = params or legacy or {}
     theta = cfg.get("rope_theta", rope.get("rope_theta"))
     if theta is not None:
         out["rope_theta"] = float(theta)
@@ -139,6 +159,34 @@ def fields_from_config(cfg: dict, where: str = "config.json") -> dict:
     if missing:
         raise CheckpointConfigError(f"{where} lacks {', '.join(missing)}")
     return {k: v for k, v in out.items() if v is not None}
+
+
+def _rope_type(rope: dict) -> str:
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    return "default" if kind is None else kind
+
+
+def _refuse_unimplemented(cfg: dict, family: str, where: str) -> None:
+    """Architecture switches that change the model and that trainer and engine do not both implement:
+    accepting them would train a different model than the checkpoint (vLLM and transformers honour
+    them; megatron-core's spec here does not)."""
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise CheckpointConfigError(f"{where}: hidden_act={act!r}; only SwiGLU (silu) MLPs are implemented")
+    layer_types = cfg.get("layer_types") or []
+    if cfg.get("use_sliding_window") or "sliding_attention" in layer_types:
+        raise CheckpointConfigError(f"{where}: sliding-window attention is not implemented by the trainer")
+    partial = cfg.get("partial_rotary_factor", 1.0)
+    if partial not in (None, 1, 1.0):
+        raise CheckpointConfigError(
+            f"{where}: partial_rotary_factor={partial!r}; only full RoPE is implemented"
+        )
+    if cfg.get("mlp_bias"):
+        raise CheckpointConfigError(f"{where}: mlp_bias=true; MLP biases are not implemented")
+    if family in ("llama", "qwen3") and cfg.get("attention_bias"):
+        raise CheckpointConfigError(
+            f"{where}: attention_bias=true (a bias on q, k, v and o_proj); only Qwen2's q/k/v biases are implemented"
+        )
 
 
 def checkpoint_fields(model) -> dict | None:
@@ -238,9 +286,17 @@ def tokenizer_size(hf_dir: str | os.PathLike) -> int | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    ids = list((data.get("model") or {}).get("vocab", {}).values()) if isinstance(data, dict) else []
-    ids += [t.get("id", -1) for t in data.get("added_tokens", []) or []] if isinstance(data, dict) else []
-    ids = [i for i in ids if isinstance(i, int)]
+    if not isinstance(data, dict):
+        return None
+    vocab = (data.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict):  # BPE / WordPiece: token -> id
+        ids = list(vocab.values())
+    elif isinstance(vocab, list):  # Unigram: [piece, score] pairs, ids by position
+        ids = [len(vocab) - 1] if vocab else []
+    else:
+        ids = []
+    ids += [t.get("id", -1) for t in data.get("added_tokens", []) or [] if isinstance(t, dict)]
+    ids = [i for i in ids if isinstance(i, int) and not isinstance(i, bool)]
     return max(ids) + 1 if ids else None
 
 

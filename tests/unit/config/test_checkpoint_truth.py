@@ -147,3 +147,62 @@ def test_prompts_longer_than_the_cap_are_found_by_validate(tmp_path):
     [p] = check_recipe(short)
     assert p.key == "data.max_prompt_tokens" and "prompts are longer" in p.message and p.kind == "recipe"
     assert check_recipe(short, read_data=False) == []  # the planner does not read the data
+
+
+def _edit(path, **changes):
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    "file,changes,phrase",
+    [
+        ("generation_config.json", {"eos_token_id": "602"}, "eos_token_id must be a token id"),
+        ("generation_config.json", {"eos_token_id": [2, None]}, "eos_token_id must be a token id"),
+        ("generation_config.json", {"eos_token_id": [2, 100000]}, "past model.vocab_size"),
+        ("config.json", {"rope_scaling": "llama3"}, "rope_scaling must be an object"),
+        ("config.json", {"vocab_size": "17"}, "vocab_size='17' must be a positive integer"),
+        ("config.json", {"hidden_act": "gelu"}, "only SwiGLU"),
+        ("config.json", {"use_sliding_window": True}, "sliding-window"),
+        ("config.json", {"partial_rotary_factor": 0.5}, "only full RoPE"),
+        ("config.json", {"mlp_bias": True}, "MLP biases"),
+    ],
+)
+def test_a_checkpoint_this_project_would_misread_is_refused(tmp_path, file, changes, phrase):
+    """What a check could wrongly pass: config values read loosely would train another model, or stop
+    the engines at ids the checkpoint never meant."""
+    d = _checkpoint(tmp_path)
+    _edit(d / file, **changes)
+    problems = check_recipe(load_recipe("grpo_tiny_cpu", [f"model.hf_checkpoint={d}"]))
+    assert any(p.key == "model.hf_checkpoint" and phrase in p.message for p in problems), problems
+    assert refused(problems, "validate")
+
+
+def test_llama_attention_bias_is_refused(tmp_path):
+    cfg = hf_config(LLAMA31_TINY_SCALED).to_dict()
+    cfg["attention_bias"] = True  # a bias on o_proj too, which the trainer does not have
+    with pytest.raises(ValueError, match="attention_bias"):
+        fields_from_config(cfg)
+
+
+def test_a_unigram_tokenizer_is_sized_by_its_list(tmp_path):
+    from megatron_rl.models.resolve import tokenizer_size
+
+    (tmp_path / "tokenizer.json").write_text(
+        json.dumps({"model": {"type": "Unigram", "vocab": [["a", 0.0]] * 30}})
+    )
+    assert tokenizer_size(tmp_path) == 30
+
+
+def test_a_chat_template_that_raises_is_a_problem_not_a_traceback(tmp_path):
+    from megatron_rl.models.fixture import build_fixture
+
+    d = build_fixture("qwen2", tmp_path / "qwen2")
+    (d / "chat_template.jinja").write_text("{{ raise_exception('no chat here') }}")
+    tc = d / "tokenizer_config.json"
+    data = json.loads(tc.read_text())
+    data.pop("chat_template", None)
+    tc.write_text(json.dumps(data))
+    problems = check_recipe(load_recipe("grpo_tiny_hf_cpu", [f"model.hf_checkpoint={d}"]))
+    assert any("chat template fails" in p.message for p in problems), problems

@@ -122,3 +122,20 @@ def test_damaged_parquet_is_a_clear_error(tmp_path):
     path.write_bytes(b"not parquet at all")
     with pytest.raises(ValueError, match="not a readable Parquet file"):
         load_problems(path)
+
+
+def test_two_fields_cannot_share_one_column(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"question": "Write f.", "test_code": "assert f() == 1"}) + "\n")
+    with pytest.raises(ValueError, match="several fields to the column"):
+        load_problems(path, {"prompt": "question", "tests": "question"})
+
+
+def test_stdin_stdout_tests_that_expect_nothing_are_refused(tmp_path):
+    """A program that prints nothing would pass them: a grader that pays for doing nothing."""
+    path = tmp_path / "p.jsonl"
+    path.write_text(
+        json.dumps({"prompt": "Read a line.", "tests": [{"input": "1\n", "output": "\n  \n"}]}) + "\n"
+    )
+    with pytest.raises(ValueError, match="blank output"):
+        load_problems(path)
