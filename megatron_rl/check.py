@@ -368,7 +368,6 @@ def prompt_problems(cfg: RecipeConfig) -> list[Problem]:
     hours into a run), is refused here. Needs transformers: only reached with readable files."""
     from transformers import AutoTokenizer
 
-    from megatron_rl.data.problems import load_problems
     from megatron_rl.data.task import ProblemTask
 
     d, ckpt = cfg.data, cfg.model.hf_checkpoint
@@ -377,9 +376,7 @@ def prompt_problems(cfg: RecipeConfig) -> list[Problem]:
     except Exception as e:  # OSError, ValueError, huggingface_hub's validation errors: any is a refusal
         return [Problem("model.hf_checkpoint", ckpt, f"holds no tokenizer transformers can load: {e}")]
     try:
-        task = ProblemTask(
-            load_problems(d.source, d.columns), tok, d.seed, d.max_prompt_tokens, d.shuffle, d.system_prompt
-        )
+        task = ProblemTask.from_config(cfg, tok)
     except (ValueError, OSError) as e:
         return [Problem("data.source", d.source, f"cannot be read as problems: {e}")]
     cap = cfg.data.max_prompt_tokens

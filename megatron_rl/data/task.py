@@ -45,18 +45,21 @@ class ProblemTask:
         self.drawn = 0
 
     @classmethod
-    def from_config(cls, cfg) -> ProblemTask:
-        if not cfg.model.hf_checkpoint:
+    def from_config(cls, cfg, tokenizer=None) -> ProblemTask:
+        """The recipe's problems with the model's tokenizer (loaded from model.hf_checkpoint unless given;
+        the recipe check refuses a problem source without one)."""
+        if tokenizer is None and not cfg.model.hf_checkpoint:
             raise SystemExit(
                 f"data.source={cfg.data.source!r} needs the model's tokenizer: set model.hf_checkpoint to an "
                 "HF directory that holds tokenizer files (or use data.source=synthetic)"
             )
-        from transformers import AutoTokenizer
+        if tokenizer is None:
+            from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(cfg.model.hf_checkpoint)
+            tokenizer = AutoTokenizer.from_pretrained(cfg.model.hf_checkpoint)
         d = cfg.data
         problems = load_problems(d.source, d.columns)
-        return cls(problems, tok, d.seed, d.max_prompt_tokens, d.shuffle, d.system_prompt)
+        return cls(problems, tokenizer, d.seed, d.max_prompt_tokens, d.shuffle, d.system_prompt)
 
     def _next_index(self) -> int:
         if not self.order:  # a new epoch

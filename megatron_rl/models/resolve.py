@@ -223,27 +223,33 @@ def disagreements(model) -> list[Problem]:
         return [Problem("model.hf_checkpoint", model.hf_checkpoint, str(e))]
     if ckpt is None:
         return []
+    return [
+        Problem(
+            f"model.{key}",
+            mine,
+            f"but {model.hf_checkpoint}/config.json says {theirs!r}; the checkpoint is the truth: "
+            f"remove model.{key} from the recipe (it is read from the checkpoint) or point "
+            "model.hf_checkpoint at the model you mean",
+        )
+        for key, mine, theirs in differences(model, ckpt)
+    ]
+
+
+def differences(model, ckpt: dict) -> list[tuple[str, object, object]]:
+    """(key, ours, the checkpoint's) for every compared key that `model` (a model group or a ModelSpec)
+    sets and `ckpt` (`fields_from_config`) gives differently; floats equal to 1e-9 relative."""
     out = []
     for key in COMPARED:
-        mine = getattr(model, key)
+        mine = getattr(model, key, None)
         if mine is None or key not in ckpt:
             continue
         theirs = ckpt[key]
-        same = (
-            abs(mine - theirs) <= 1e-9 * max(abs(theirs), 1.0)
-            if isinstance(theirs, float)
-            else mine == theirs
-        )
+        if isinstance(theirs, float):
+            same = abs(mine - theirs) <= 1e-9 * max(abs(theirs), 1.0)
+        else:
+            same = mine == theirs
         if not same:
-            out.append(
-                Problem(
-                    f"model.{key}",
-                    mine,
-                    f"but {model.hf_checkpoint}/config.json says {theirs!r}; the checkpoint is the truth: "
-                    f"remove model.{key} from the recipe (it is read from the checkpoint) or point "
-                    "model.hf_checkpoint at the model you mean",
-                )
-            )
+            out.append((key, mine, theirs))
     return out
 
 

@@ -17,6 +17,7 @@ import torch
 from megatron_rl.models.dtypes import torch_dtype
 from megatron_rl.models.hf import all_hf_names, hf_shape, hf_to_megatron_shard, megatron_names
 from megatron_rl.models.megatron import global_param_name
+from megatron_rl.models.resolve import CheckpointConfigError, differences, fields_from_config
 from megatron_rl.models.spec import ModelSpec
 
 _ST_DTYPES = {
@@ -29,14 +30,6 @@ _ST_DTYPES = {
     "I8": torch.int8,
     "U8": torch.uint8,
     "BOOL": torch.bool,
-}
-_CONFIG_KEYS = {
-    "hidden_size": "hidden_size",
-    "num_hidden_layers": "num_layers",
-    "num_attention_heads": "num_attention_heads",
-    "num_key_value_heads": "num_query_groups",
-    "intermediate_size": "ffn_hidden_size",
-    "vocab_size": "vocab_size",
 }
 
 
@@ -100,12 +93,17 @@ class HFCheckpoint:
 
 def check_checkpoint(ckpt: HFCheckpoint, spec: ModelSpec) -> torch.dtype:
     """Refuse a checkpoint that does not match the spec. Returns the checkpoint's dtype."""
-    for hf_key, spec_key in _CONFIG_KEYS.items():
-        if hf_key in ckpt.config and ckpt.config[hf_key] != getattr(spec, spec_key):
+    # The recipe check compared the recipe with this config.json (models/resolve.py); this is the same
+    # comparison at load time, for callers that build a spec by other means (tools, tests).
+    if ckpt.config:
+        try:
+            fields = fields_from_config(ckpt.config, f"{ckpt.path}/config.json")
+        except CheckpointConfigError as e:
+            raise CheckpointError(str(e)) from None
+        for key, mine, theirs in differences(spec, fields):
             raise CheckpointError(
-                f"{ckpt.path}/config.json has {hf_key}={ckpt.config[hf_key]} but the recipe's "
-                f"model.{spec_key}={getattr(spec, spec_key)}: point model.hf_checkpoint at the right "
-                f"model or fix the model group"
+                f"{ckpt.path}/config.json gives {key}={theirs!r} but the model's spec has {mine!r}: point "
+                "model.hf_checkpoint at the right model or fix the model group"
             )
     declared = ckpt.config.get("torch_dtype") or ckpt.config.get("dtype")
     try:

@@ -155,3 +155,47 @@ def test_ranges_reject_what_math_would_accept():
     keys = {p.key for p in check_recipe(recipe)}
     assert {"optim.adam_eps", "reward.workers"} <= keys
     assert math.isfinite(recipe.steps)  # a huge step count is a valid (if long) run
+
+
+# Inputs each newer rule exists for: a recipe the check would otherwise pass and the driver then fails on.
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["cluster.time_limit=''"], "cluster.time_limit"),  # sbatch --time= would reach Slurm
+        (["name=.."], "name"),  # outputs/.. would be the run folder
+        (["model.vocab_size=" + "9" * 20], "model.vocab_size"),  # overflows the planner's floats
+    ],
+)
+def test_values_the_driver_would_choke_on(overrides, key):
+    assert key in {p.key for p in check_recipe(load_recipe("grpo_tiny_cpu", overrides))}
+
+
+def test_a_pipeline_split_megatron_core_would_build_differently():
+    # megatron-core takes first/last stage sizes and divides the middle evenly: [4, 10, 8, 6] would be
+    # built as [4, 9, 9, 6] while the publisher assumed the former.
+    recipe = load_recipe(
+        "grpo_qwen2.5-7b_1n8g", ["layout.tp=2", "layout.pp=4", "layout.dp=1", "layout.pp_layers=[4,10,8,6]"]
+    )
+    assert any(p.key == "layout.pp_layers" and "middle" in p.message for p in check_recipe(recipe))
+    even = load_recipe(
+        "grpo_qwen2.5-7b_1n8g", ["layout.tp=2", "layout.pp=4", "layout.dp=1", "layout.pp_layers=[5,9,9,5]"]
+    )
+    assert not any(p.key == "layout.pp_layers" for p in check_recipe(even))
+
+
+def test_paths_the_driver_reads_late_are_checked_first(tmp_path):
+    a_file = tmp_path / "f"
+    a_file.write_text("")
+    recipe = load_recipe(
+        "grpo_tiny_cpu",
+        [
+            f"checkpoint.resume={tmp_path}/missing",
+            f"logger.run_dir={a_file}/outputs",
+            "reward.kind=function",
+            "reward.function=no_such_module_xyz:score",
+        ],
+    )
+    files = {p.key for p in check_recipe(recipe) if p.kind == "files"}
+    assert files == {"checkpoint.resume", "logger.run_dir", "reward.function"}
+    ok = load_recipe("grpo_tiny_cpu", [f"checkpoint.resume={tmp_path}", f"logger.run_dir={tmp_path}/out"])
+    assert check_recipe(ok) == []
