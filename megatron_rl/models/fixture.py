@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from megatron_rl.data.problems import BUNDLED
+from megatron_rl.models.spec import ModelSpec
+from megatron_rl.models.tiny import hf_model
 
 MARKER = "fixture.json"
 FORMAT = 1  # bump when the files a fixture holds change, so stale fixtures are rebuilt, not reused
@@ -203,34 +205,34 @@ def _model_vocab(tokens: int, multiple: int) -> int:
     return -(-tokens // multiple) * multiple
 
 
-def _hf_config(family: str, style: FamilyStyle, vocab: int, ids: dict[str, int]):
-    import transformers
-
-    cls = {"qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "llama": "LlamaConfig"}[family]
-    rope = {"rope_type": "default", **(style.rope_scaling or {}), "rope_theta": style.rope_theta}
-    kw = dict(
-        vocab_size=vocab,
+def _spec(family: str, style: FamilyStyle, vocab: int) -> ModelSpec:
+    """The fixture's architecture as a spec: its config and random weights then come from the project's
+    own spec-to-HF path (models/tiny.py), the one every other test checkpoint takes."""
+    rope = style.rope_scaling or {}
+    return ModelSpec(
+        name=f"{family}_fixture",
+        family=family,
+        num_layers=SIZE.num_layers,
         hidden_size=SIZE.hidden_size,
-        intermediate_size=SIZE.ffn_hidden_size,
-        num_hidden_layers=SIZE.num_layers,
+        ffn_hidden_size=SIZE.ffn_hidden_size,
         num_attention_heads=SIZE.num_attention_heads,
-        num_key_value_heads=SIZE.num_query_groups,
+        num_query_groups=SIZE.num_query_groups,
         head_dim=SIZE.head_dim,
+        vocab_size=vocab,
+        make_vocab_size_divisible_by=1,
         max_position_embeddings=SIZE.max_position_embeddings,
-        rms_norm_eps=style.rms_norm_eps,
-        rope_parameters=rope,
+        rope_theta=style.rope_theta,
+        norm_eps=style.rms_norm_eps,
+        qkv_bias=family == "qwen2",
+        qk_norm=family == "qwen3",
         tie_word_embeddings=style.tie_word_embeddings,
-        bos_token_id=ids[style.bos] if style.bos else ids["<|endoftext|>"],
-        # config.json names the end of turn as the released instruct models do (Llama-3.1: all three).
-        eos_token_id=[ids[t] for t in style.generation_eos] if family == "llama" else ids[style.eos],
-        pad_token_id=None,
-        dtype="float32",
+        params_dtype="fp32",
+        rope_scaling=rope.get("rope_type", "none"),
+        rope_scaling_factor=rope.get("factor", 1.0),
+        rope_low_freq_factor=rope.get("low_freq_factor", 1.0),
+        rope_high_freq_factor=rope.get("high_freq_factor", 4.0),
+        rope_original_max_position=rope.get("original_max_position_embeddings", 0),
     )
-    if family == "llama":
-        kw.update(attention_bias=False, mlp_bias=False)
-    if family == "qwen3":
-        kw.update(attention_bias=False)
-    return getattr(transformers, cls)(**kw)
 
 
 def _released_rope_layout(config_json: Path, style: FamilyStyle) -> None:
@@ -241,21 +243,6 @@ def _released_rope_layout(config_json: Path, style: FamilyStyle) -> None:
     cfg["rope_theta"] = style.rope_theta
     cfg["rope_scaling"] = dict(style.rope_scaling) if style.rope_scaling else None
     config_json.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-
-
-def _random_model(config, seed: int):
-    """Random weights; norm weights moved off 1 so a swapped or missing norm shows in the logits."""
-    import torch
-    import transformers
-
-    torch.manual_seed(seed)
-    cls = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
-    model = getattr(transformers, cls[config.model_type])(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.add_(0.1 * torch.randn_like(p))
-    return model.eval()
 
 
 def _params(family: str, seed: int) -> dict:
@@ -274,8 +261,13 @@ def _write(family: str, out_dir: Path, seed: int, params: dict) -> None:
     tok = train_tokenizer(style, SIZE.bpe_vocab)
     ids = {t: tok.token_to_id(t) for t in style.specials + style.plain_added}
     vocab = _model_vocab(tok.get_vocab_size(), style.vocab_multiple)
-    config = _hf_config(family, style, vocab, ids)
-    _random_model(config, seed).save_pretrained(out_dir, safe_serialization=True)
+    model = hf_model(_spec(family, style, vocab), seed)  # random weights, norms moved off 1
+    config = model.config
+    config.bos_token_id = ids[style.bos] if style.bos else ids["<|endoftext|>"]
+    # config.json names the end of turn as the released instruct models do (Llama-3.1: all three).
+    config.eos_token_id = [ids[t] for t in style.generation_eos] if family == "llama" else ids[style.eos]
+    config.pad_token_id = None
+    model.save_pretrained(out_dir, safe_serialization=True)
     _released_rope_layout(out_dir / "config.json", style)
     GenerationConfig(
         bos_token_id=config.bos_token_id,

@@ -15,6 +15,7 @@ import torch
 
 from megatron_rl.models.checkpoint import stop_token_ids
 from megatron_rl.rollout.vllm_engine import VLLMEngine
+from tests.helpers.greedy import chat_prompt, greedy
 from tests.integration.rollout.cases import rollout_cfg
 
 OUT, EXPORT = sys.argv[1], Path(sys.argv[2])
@@ -25,22 +26,10 @@ def main():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(EXPORT)
-    prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "Write a Python function `add(a, b)` that returns a + b."}],
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
-    )
+    prompt = chat_prompt(tok, "Write a Python function `add(a, b)` that returns a + b.")
     stops = stop_token_ids(EXPORT)
     model = AutoModelForCausalLM.from_pretrained(EXPORT, dtype=torch.float32).eval()
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(NEW):
-            nxt = int(model(torch.tensor([ids])).logits[0, -1].argmax())
-            ids.append(nxt)
-            if nxt in stops:
-                break
-    hf = ids[len(prompt) :]
+    hf = greedy(model, prompt, NEW, stops)
     eng = VLLMEngine(
         rollout_cfg(max_new_tokens=NEW, temperature=0.0), EXPORT, tp=1, seed=0, load_format="auto",
         checkpoint_stop_ids=stops,

@@ -16,11 +16,10 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 from megatron_rl.models.checkpoint import stop_token_ids
 from megatron_rl.rollout.types import SamplingSettings
 from megatron_rl.rollout.vllm_engine import VLLMEngine
+from tests.helpers.greedy import chat_prompt, greedy
 from tests.integration.rollout.cases import rollout_cfg
 
 OUT, FIXTURE = sys.argv[1], Path(sys.argv[2])
@@ -55,11 +54,7 @@ def hf_greedy(sd: dict, prompt: list[int]) -> list[int]:
 
     model = AutoModelForCausalLM.from_pretrained(FIXTURE).eval()
     model.load_state_dict(sd, strict=True)
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(CAP):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt) :]
+    return greedy(model, prompt, CAP)
 
 
 def main():
@@ -67,12 +62,7 @@ def main():
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(FIXTURE)
-    prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "Write a Python function `add(a, b)`."}],
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
-    )
+    prompt = chat_prompt(tok, "Write a Python function `add(a, b)`.")
     ids = stop_token_ids(FIXTURE)
     im_end, endoftext = tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     cfg = rollout_cfg(max_new_tokens=CAP, temperature=0.0)

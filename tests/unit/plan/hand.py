@@ -23,6 +23,7 @@ from megatron_rl.plan.inputs import (
     PlanInputs,
     Workload,
 )
+from megatron_rl.plan.search import CANDIDATE  # the layouts the search starts from
 
 REFERENCE = "grpo_qwen2.5-32b_32n8g"
 
@@ -98,5 +99,10 @@ def hand_inputs(work: dict | None = None, hw: dict | None = None, assume: dict |
 
 
 HAND_LAYOUT = ParallelLayout(
-    tp=1, pp=1, dp=1, engine_tp=1, engine_count=1, recompute="selective", sequence_parallel=True
+    tp=1,
+    pp=1,
+    dp=1,
+    engine_tp=1,
+    engine_count=1,
+    **CANDIDATE,
 )

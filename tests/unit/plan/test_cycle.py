@@ -9,7 +9,7 @@ import pytest
 from megatron_rl.layout import ParallelLayout
 from megatron_rl.plan.cycle import cycle, switch_seconds, trainer_phases
 from megatron_rl.plan.memory import memory_fit
-from megatron_rl.plan.search import best_step_s
+from megatron_rl.plan.search import CANDIDATE, best_step_s
 
 from .hand import HAND_LAYOUT, hand_inputs
 
@@ -75,8 +75,7 @@ def test_serial_and_overlapped_cycles():
         engine_tp=1,
         engine_count=1,
         placement="separated",
-        recompute="selective",
-        sequence_parallel=True,
+        **CANDIDATE,
     )
     assert cycle(inp, sep).step_s == cycle(inp, sep).serial_s
     asyn = cycle(inp, sep.with_(synchrony="one_step_async"))
@@ -104,8 +103,7 @@ def test_scaling_one_layout_pattern_never_slows_it(ref):
             dp=gpus // 16,
             engine_tp=4,
             engine_count=gpus // 4,
-            recompute="selective",
-            sequence_parallel=True,
+            **CANDIDATE,
         )
         steps.append(cycle(inp, lay).step_s)
     assert all(later <= earlier for earlier, later in zip(steps, steps[1:])), steps

@@ -9,6 +9,7 @@ import pytest
 from megatron_rl.layout import ParallelLayout
 from megatron_rl.plan.publication import publication
 from megatron_rl.plan.reliability import checkpoint, reliability, young_daly_interval
+from megatron_rl.plan.search import CANDIDATE  # the layouts the search starts from
 
 from .hand import HAND_LAYOUT, hand_inputs
 
@@ -41,7 +42,12 @@ def test_node_holding_whole_replicas_needs_no_ib(ref):
     p = publication(
         inp,
         ParallelLayout(
-            tp=8, pp=1, dp=32, engine_tp=4, engine_count=64, recompute="selective", sequence_parallel=True
+            tp=8,
+            pp=1,
+            dp=32,
+            engine_tp=4,
+            engine_count=64,
+            **CANDIDATE,
         ),
     )
     cuts = {c["cut"]: c for c in p["cuts"]}
@@ -58,8 +64,7 @@ def test_separated_pools_move_a_full_copy_per_engine_node(ref):
         engine_tp=4,
         engine_count=2,
         placement="separated",
-        recompute="selective",
-        sequence_parallel=True,
+        **CANDIDATE,
     )  # 8 + 8 GPUs
     p = publication(inp, lay)
     cuts = {c["cut"]: c for c in p["cuts"]}

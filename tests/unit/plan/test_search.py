@@ -6,7 +6,7 @@ import dataclasses
 
 from megatron_rl.layout import ParallelLayout
 from megatron_rl.plan.memory import memory_fit
-from megatron_rl.plan.search import search, structural_reason
+from megatron_rl.plan.search import CANDIDATE, search, structural_reason
 
 
 def test_search_ranks_fitting_layouts_of_all_gpus(ref):
@@ -46,7 +46,12 @@ def test_a_trainer_too_big_for_its_gpus_is_rejected_with_its_numbers(ref):
 def test_structural_reasons(ref):
     inp, _ = ref
     base = ParallelLayout(
-        tp=8, pp=2, dp=16, engine_tp=4, engine_count=64, recompute="selective", sequence_parallel=True
+        tp=8,
+        pp=2,
+        dp=16,
+        engine_tp=4,
+        engine_count=64,
+        **CANDIDATE,
     )
     assert structural_reason(inp, base) is None
     # The run's own rules (ParallelLayout.check), a collective across nodes named first.
