@@ -93,6 +93,14 @@ class ParallelLayout:
             synchrony=layout.synchrony,
         )
 
+    def as_overrides(self) -> list[str]:
+        """The Hydra overrides that set this layout in a recipe (the inverse of `from_config`), e.g.
+        to run the layout the planner's search ranks first."""
+        keys = ("tp", "pp", "dp", "cp", "ep", "sequence_parallel", "recompute", "engine_tp", "engine_count")
+        out = [f"layout.{k}={str(getattr(self, k)).lower()}" for k in keys]
+        out.append(f"layout.pp_layers=[{','.join(str(n) for n in self.pp_layers)}]")
+        return out + [f"layout.placement={self.placement}", f"layout.synchrony={self.synchrony}"]
+
     def with_(self, **kw) -> ParallelLayout:
         return replace(self, **kw)
 

@@ -24,7 +24,7 @@ import torch
 from megatron_rl.check import validate_recipe
 from megatron_rl.checkpoint.preempt import EXIT_REQUEUE, Preemption
 from megatron_rl.config.load import load_recipe
-from megatron_rl.loop import components
+from megatron_rl.loop import components, old_policy
 from megatron_rl.loop.collect import collect_batch
 from megatron_rl.loop.publication import RefusalPolicy
 from megatron_rl.loop.rl_batch import (
@@ -95,46 +95,64 @@ def main(argv: list[str] | None = None) -> int:
         )
         timeshare.to_train()  # the engine sleeps; the trainer takes the device back
 
-        # 2. old-policy and reference log-probs of this DP rank's samples, before any update
+        # 2. old-policy and reference log-probs of this DP rank's samples, before any update. The old ones
+        #    are recomputed, or (algorithm.old_logprobs) taken from the engines, or from the update's own
+        #    forward when the batch is exactly on-policy (loop/old_policy.py)
         plan = assign(len(samples), procs.state.dp, algo.minibatches, cfg.seed, step)
         mine = sorted(i for minibatch in plan for i in minibatch[procs.state.dp_rank])
         seqs, plens = [samples[i].sequence for i in mine], [samples[i].prompt_len for i in mine]
-        with run.phase("old_logprobs"):
-            old = dict(zip(mine, policy.logprobs(seqs, plens, temperature=temp)))
+        held = publication.version if publication.activated else None  # the version the trainer holds
+        source = old_policy.step_source(
+            algo.old_logprobs, algo.minibatches, algo.kl_in_reward, (s.version for s in samples), held
+        )
+        old, agreement = {}, None
+        if source == old_policy.RECOMPUTE:
+            with run.phase("old_logprobs"):
+                old = dict(zip(mine, policy.logprobs(seqs, plens, temperature=temp)))
+            # The engine sampled with the version these old log-probs come from: they must agree.
+            agreement = compare(
+                [samples[i] for i in mine], [old[i] for i in mine], ro.logprob_check_threshold
+            )
+        elif source == old_policy.ENGINE:
+            old = {i: torch.tensor(samples[i].logprobs, dtype=torch.float32) for i in mine}
         ref = {}
         if reference is not None:
             with run.phase("ref_logprobs"):
                 ref = dict(zip(mine, reference.logprobs(seqs, plens, temperature=temp)))
-        # The engine sampled with the version these old log-probs come from: they must agree.
-        agreement = compare([samples[i] for i in mine], [old[i] for i in mine], ro.logprob_check_threshold)
 
         # 3. group-relative advantages (the KL folded into the rewards when the recipe says so)
         kl = kl_sums(old, ref, algo.kl_estimator, procs.dp_group) if algo.kl_in_reward and ref else None
         adv = advantages_with_kl(samples, ro.samples_per_prompt, algo, ro.max_new_tokens, kl)
         keep = loss_mask_keep(samples, algo)
 
-        # 4. k minibatches, one optimizer step each
+        # 4. k minibatches, one optimizer step each. Without a recompute, the first minibatch's forward
+        #    (before any update) gives the engine-vs-trainer agreement of its samples.
         train_metrics = []
         for minibatch in plan:
             idx = minibatch[procs.state.dp_rank]
             everyone = [i for rank_share in minibatch for i in rank_share]
             loss_fn = grpo_loss_fn(
-                algo, ro.max_new_tokens, global_normaliser(samples, everyone, keep, algo.loss_agg)
+                algo,
+                ro.max_new_tokens,
+                global_normaliser(samples, everyone, keep, algo.loss_agg),
+                old_from_forward=source == old_policy.UPDATE,
             )
-            extras = minibatch_extras(samples, idx, adv, keep, old, ref)
-            train_metrics.append(
-                policy.train_step(
-                    [samples[i].sequence for i in idx],
-                    [samples[i].prompt_len for i in idx],
-                    loss_fn,
-                    extras=extras,
-                    temperature=temp,
-                    timer=run.timer,
-                )
+            out = policy.train_step(
+                [samples[i].sequence for i in idx],
+                [samples[i].prompt_len for i in idx],
+                loss_fn,
+                extras=minibatch_extras(samples, idx, adv, keep, old, ref),
+                temperature=temp,
+                timer=run.timer,
+                return_logprobs=agreement is None,
             )
+            if agreement is None:
+                out, forward = out
+                agreement = compare([samples[i] for i in idx], forward, ro.logprob_check_threshold)
+            train_metrics.append(out)
 
         metrics = step_metrics(samples, stats, agreement, train_metrics, publication, run)
-        run.record(step + 1, {**metrics, "sampling_rounds": rounds})
+        run.record(step + 1, {**metrics, "sampling_rounds": rounds, "old_logprobs": source})
         preempted = preemption.requested()
         checkpointer.poll()
         if components.save_due(save_every, cfg.steps, step + 1, preempted):

@@ -15,3 +15,5 @@ REFERENCE_PLACEMENTS = ("resident", "offload")
 REWARD_KINDS = ("sandbox", "function")
 REWARD_MODES = ("all_or_nothing", "fraction")
 REFUSAL_POLICIES = ("stop", "skip", "retry")
+# Where the ratio's denominator comes from (megatron_rl/loop/old_policy.py).
+OLD_LOGPROBS = ("recompute", "engine", "auto")

@@ -89,6 +89,10 @@ class AlgorithmConfig:
     kl_in_reward: bool = False  # True: KL as a reward penalty; False: as a loss term
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
     minibatches: int = 1
+    # The ratio's denominator (loop/old_policy.py): recompute = a trainer forward before the first
+    # update; auto = skip it when the batch is exactly on-policy (one minibatch, no refused publication);
+    # engine = the engines' sampling log-probs. The engine-vs-trainer agreement is measured in every case.
+    old_logprobs: str = "auto"  # recompute | engine | auto
     dynamic_sampling: bool = False
     max_resample_rounds: int = 3
     overlong: str = "none"  # none | mask | penalty
@@ -226,6 +230,10 @@ class ClusterConfig:
     nics_per_node: int = 8
     storage_gbps: float = 20.0  # GB/s total, shared storage
     node_mtbf_days: float = 20.0
+    # Latency of one small all-reduce inside a node (NVLink: a few microseconds; gloo between processes
+    # sharing CPU cores: a millisecond). The planner charges it per tensor-parallel collective, in the
+    # trainer's passes and in every decode step of a TP engine, so small models avoid TP where it costs.
+    allreduce_latency_us: float = 8.0
     partition: str = ""
     account: str = ""
     time_limit: str = "48:00:00"

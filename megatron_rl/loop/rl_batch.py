@@ -96,17 +96,22 @@ def minibatch_extras(
     extras = {
         "adv": [per_token(i, adv[i]) for i in idx],
         "keep": [per_token(i, keep[i]) for i in idx],
-        "old": [old[i] for i in idx],
         "rollout": [torch.tensor(samples[i].logprobs, device="cpu") for i in idx],
     }
+    if old:  # empty when the update's own forward stands in for them (loop/old_policy.py)
+        extras["old"] = [old[i] for i in idx]
     if ref:
         extras["ref"] = [ref[i] for i in idx]
     return extras
 
 
-def grpo_loss_fn(algo, max_new_tokens: int, normaliser: float):
+def grpo_loss_fn(algo, max_new_tokens: int, normaliser: float, old_from_forward: bool = False):
     """The trainer's loss_fn(logprobs_BT, microbatch) for one minibatch: clipped surrogate + KL term
-    (unless the KL went into the rewards), aggregated with the minibatch's global normaliser."""
+    (unless the KL went into the rewards), aggregated with the minibatch's global normaliser.
+
+    `old_from_forward`: the batch is exactly on-policy and this is its only update, so the old
+    log-probs are this forward's own, detached (loop/old_policy.py); the microbatch must then
+    carry none, so a driver that forgot to pass recomputed ones fails instead of training on these."""
     from megatron_rl.algorithms import grpo_loss
 
     norm = {"global_tokens": normaliser} if algo.loss_agg == "token-mean" else {"global_seqs": normaliser}
@@ -114,8 +119,15 @@ def grpo_loss_fn(algo, max_new_tokens: int, normaliser: float):
 
     def loss_fn(lp_BT, mb):
         x = mb.extras
+        if old_from_forward == ("old" in x):
+            raise ValueError(
+                "old log-probs given for an on-policy update"
+                if old_from_forward
+                else "no old log-probs given"
+            )
+        old_BT = lp_BT.detach() if old_from_forward else x["old"]
         return grpo_loss(
-            lp_BT, x["old"], x["adv"], mb.loss_mask_BT * x["keep"],
+            lp_BT, old_BT, x["adv"], mb.loss_mask_BT * x["keep"],
             clip_low=algo.clip_low, clip_high=algo.clip_high,
             ref_logprobs_BT=x.get("ref"), kl_coef=kl_coef, kl_estimator=algo.kl_estimator,
             loss_agg=algo.loss_agg, max_len=max_new_tokens,

@@ -66,8 +66,8 @@ def step_metrics(
     from megatron_rl.models.spec import ModelSpec
 
     cfg = run.recipe
-    # Trained: forward + backward (3 forwards' worth); old log-probs: 1; reference log-probs: 1 when used.
-    forwards = 3 + 1 + (1 if "ref_logprobs" in phases_now else 0)
+    # Trained: forward + backward (3 forwards' worth); old and reference log-probs: 1 each when run.
+    forwards = 3 + sum(1 for p in ("old_logprobs", "ref_logprobs") if p in phases_now)
     tails = [generation_tail_seconds(f, t) for f, t in zip(stats.finish_s, stats.call_s)]
     return {
         "version": versions[0] if len(versions) == 1 else versions,

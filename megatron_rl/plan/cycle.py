@@ -94,6 +94,30 @@ def _pp_p2p_seconds(inp: PlanInputs, layout: ParallelLayout, sequences: int, pas
     return microbatches * passes * nbytes / link
 
 
+def _tp_collective_seconds(inp: PlanInputs, layout: ParallelLayout, sequences: int, backward: bool) -> float:
+    """Tensor-parallel collectives of one rank over `sequences` sequences (one pass).
+
+    Per microbatch, each layer of the rank's stage all-reduces its attention and MLP outputs in the
+    forward (a reduce-scatter and an all-gather with sequence parallelism: the same bytes) and their
+    input gradients in the backward; the vocab-parallel embedding and cross-entropy add a few small
+    ones (4 forward, 1 backward). Each costs the cluster's all-reduce latency, and the layer ones their
+    [b, S, h] activation over the TP link (a ring moves 2 (t-1)/t of it). Latency is what decides on
+    small models: on CPU (gloo, ~1 ms per collective) TP loses to DP long before bandwidth matters."""
+    t = layout.tp
+    if t == 1:
+        return 0.0
+    w, hw, s = inp.work, inp.hw, inp.spec
+    microbatches = math.ceil(math.ceil(sequences / layout.dp) / w.micro_batch_size)
+    layers = math.ceil(s.num_layers / layout.pp)
+    layer_collectives = layers * 2 * (2 if backward else 1)
+    small = 5 if backward else 4
+    nbytes = w.micro_batch_size * w.sequence_tokens / layout.cp * s.hidden_size * s.dtype_bytes
+    link = hw.nvlink_bytes_per_s if t <= hw.gpus_per_node else hw.gpu_ib_bytes_per_s
+    per_mb = (layer_collectives + small) * hw.allreduce_latency_s
+    per_mb += layer_collectives * nbytes * 2 * (t - 1) / t / link
+    return microbatches * per_mb
+
+
 def trainer_phases(inp: PlanInputs, layout: ParallelLayout) -> dict:
     """Wall seconds of the trainer's phases on `layout.trainer_gpus` GPUs."""
     w, hw, s = inp.work, inp.hw, inp.spec
@@ -101,13 +125,15 @@ def trainer_phases(inp: PlanInputs, layout: ParallelLayout) -> dict:
     per_minibatch = max(1, w.samples // w.minibatches)
     lp = logprob_forward_flops(inp)
     fwd_stretch = _stretch(inp, layout, w.samples)
-    fwd_p2p = _pp_p2p_seconds(inp, layout, w.samples, passes=1)
+    fwd_comm = _pp_p2p_seconds(inp, layout, w.samples, passes=1)
+    fwd_comm += _tp_collective_seconds(inp, layout, w.samples, backward=False)
+    train_comm = _pp_p2p_seconds(inp, layout, per_minibatch, passes=2)
+    train_comm += _tp_collective_seconds(inp, layout, per_minibatch, backward=True)
     train = train_flops(inp) + recompute_extra_flops(inp, layout.recompute)
     out = {
-        "old_logprobs": lp["old"] / rate * fwd_stretch + fwd_p2p,
-        "ref_logprobs": (lp["ref"] / rate * fwd_stretch + fwd_p2p) if lp["ref"] else 0.0,
-        "train_fwd_bwd": train / rate * _stretch(inp, layout, per_minibatch)
-        + w.minibatches * _pp_p2p_seconds(inp, layout, per_minibatch, passes=2),
+        "old_logprobs": (lp["old"] / rate * fwd_stretch + fwd_comm) if lp["old"] else 0.0,
+        "ref_logprobs": (lp["ref"] / rate * fwd_stretch + fwd_comm) if lp["ref"] else 0.0,
+        "train_fwd_bwd": train / rate * _stretch(inp, layout, per_minibatch) + w.minibatches * train_comm,
     }
     params_gpu = max(stage_params(inp, layout)) / layout.tp
     group = layout.dp * layout.cp

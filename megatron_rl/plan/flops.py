@@ -62,13 +62,15 @@ def recompute_extra_flops(inp: PlanInputs, recompute: str) -> float:
 
 
 def logprob_forward_flops(inp: PlanInputs) -> dict:
-    """Old-policy log-probs (always: the ratio's denominator) and reference log-probs (when KL is on)."""
+    """Old-policy log-probs (the ratio's denominator, unless the update's own forward or the engines'
+    log-probs stand in: algorithm.old_logprobs) and reference log-probs (when KL is on)."""
     w = inp.work
     one = w.samples * (
         2.0 * inp.matmul_params * w.sequence_tokens + attention_fwd_flops(inp, w.sequence_tokens)
     )
+    old = one if w.old_forward else 0.0
     ref = one if w.reference_forward else 0.0
-    return {"old": one, "ref": ref, "total": one + ref}
+    return {"old": old, "ref": ref, "total": old + ref}
 
 
 def prefill_flops_per_prompt(inp: PlanInputs) -> float:

@@ -34,8 +34,6 @@ from megatron_rl.plan.memory import engine_memory
 # 256 on smaller ones, 256 x TP on its CPU build (vllm/engine/arg_utils.py).
 MAX_NUM_SEQS_LARGE_GPU = 1024
 MAX_NUM_SEQS_DEFAULT = 256
-# Latency of one small all-reduce inside a node (vLLM's custom NVLink all-reduce): assumed.
-DECODE_ALLREDUCE_LATENCY_S = 8e-6
 
 
 def max_num_seqs(inp: PlanInputs, engine_tp: int) -> int:
@@ -113,7 +111,7 @@ def generation(inp: PlanInputs, layout: ParallelLayout) -> Generation:
     kv_gpu = mem["kv_bytes_per_token_per_gpu"]
     compute = etp * hw.peak_flops * inp.assume.train_mfu  # per replica
     p, c, cap = w.prompt_tokens, w.completion_tokens, w.max_new_tokens
-    step_latency = 2 * s.num_layers * DECODE_ALLREDUCE_LATENCY_S if etp > 1 else 0.0
+    step_latency = 2 * s.num_layers * hw.allreduce_latency_s if etp > 1 else 0.0
 
     bulk_steps = math.ceil(seqs * c / batch)
     bulk_bytes_gpu = bulk_steps * w_gpu + seqs * kv_gpu * decode_context_sum(p, c)

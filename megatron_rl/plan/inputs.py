@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megatron_rl.loop.old_policy import needs_forward
 from megatron_rl.models.spec import ModelSpec
 from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 
@@ -41,6 +42,9 @@ class Workload:
     minibatches: int
     micro_batch_size: int
     reference_forward: bool  # KL to a frozen reference needs its log-probs every step
+    # A trainer forward for the old log-probs (algorithm.old_logprobs; loop/old_policy.py): none
+    # when the update's own forward or the engines' log-probs stand in for it.
+    old_forward: bool
     seconds_per_sample: float  # scoring, in one core of the pool
     pool_cores: int
     steps: int  # target steps (plan.target_steps)
@@ -74,6 +78,7 @@ class Hardware:
     storage_bytes_per_s: float  # shared storage, total
     node_mtbf_s: float
     is_cpu: bool
+    allreduce_latency_s: float = 8e-6  # one small all-reduce inside a node (cluster.allreduce_latency_us)
     host_link_bytes_per_s: float = HOST_LINK_BYTES_PER_S
 
     @property
@@ -145,7 +150,7 @@ def inputs_from_recipe(recipe) -> PlanInputs:
     """The planner's numbers from a `RecipeConfig` that has passed the one recipe check
     (megatron_rl/check.py, which `megatron-rl plan` runs first): values are not re-checked here."""
     spec = ModelSpec.from_config(recipe.model)
-    d, r, c, p = recipe.data, recipe.rollout, recipe.cluster, recipe.plan
+    d, r, c, p, a = recipe.data, recipe.rollout, recipe.cluster, recipe.plan, recipe.algorithm
     work = Workload(
         prompts=d.prompts_per_step,
         samples_per_prompt=r.samples_per_prompt,
@@ -156,6 +161,7 @@ def inputs_from_recipe(recipe) -> PlanInputs:
         minibatches=recipe.algorithm.minibatches,
         micro_batch_size=recipe.optim.micro_batch_size,
         reference_forward=recipe.algorithm.kl_coef > 0,
+        old_forward=needs_forward(a.old_logprobs, a.minibatches, a.kl_in_reward),
         seconds_per_sample=recipe.reward.seconds_per_sample,
         pool_cores=recipe.reward.pool_cores,
         steps=p.target_steps,
@@ -171,6 +177,7 @@ def inputs_from_recipe(recipe) -> PlanInputs:
         storage_bytes_per_s=c.storage_gbps * GB,
         node_mtbf_s=c.node_mtbf_days * 86400.0,
         is_cpu=c.gpu == "cpu",
+        allreduce_latency_s=c.allreduce_latency_us * 1e-6,
     )
     assume = Assumptions(
         train_mfu=p.train_mfu,

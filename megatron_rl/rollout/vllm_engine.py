@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 WAKE_TAGS = ("weights", "kv_cache")
 
 
+CPU_TOKEN_BUDGET = 4096  # vLLM's own CPU default of max_num_batched_tokens per TP rank
+
+
 def request_seed(*parts: int) -> int:
     """A 63-bit seed from integers, stable across processes and Python versions (unlike hash())."""
     digest = hashlib.blake2b(json.dumps(parts).encode(), digest_size=8).digest()
@@ -148,6 +151,12 @@ class VLLMEngine:
                 make_shm_names_job_unique()
             if cfg.kv_cache_bytes > 0:
                 kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
+            # The CPU build cannot rewind a seeded request's generator (a CPU torch.Generator has no
+            # offset): a prefill split over two scheduler steps -- chunked prefill, whenever one step's
+            # prompts exceed max_num_batched_tokens (4096 x TP here) -- fails with "CPU Generator does
+            # not use offset". Prompts are prefilled whole instead, in a budget that holds the longest.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(CPU_TOKEN_BUDGET * tp, self.max_model_len)
 
         try:
             from vllm import EngineArgs, LLMEngine

@@ -249,11 +249,15 @@ class Policy:
         temperature: float = 1.0,
         seq_len: int | None = None,
         timer=None,
-    ) -> dict[str, float]:
+        return_logprobs: bool = False,
+    ):
         """One optimizer step over this DP rank's sequences. Returns metrics (grad_norm, loss, ...).
 
         With a telemetry `timer`, forward/backward and the optimizer step are timed as the phases
-        `train_fwd_bwd` and `optimizer`.
+        `train_fwd_bwd` and `optimizer`. With `return_logprobs`, returns (metrics, log-probs): the
+        per-sequence completion log-probs of this step's forward, taken before the update (as
+        `logprobs()` gives them, on every rank), so a caller whose samples were drawn with these very
+        weights can check them against the engine's without another forward pass.
         """
         from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 
@@ -262,6 +266,7 @@ class Policy:
         mbs = self._microbatches(sequences, prompt_lens, seq_len, extras)
         scale = len(mbs) * self.state.dp
         tp_rank, vocab = self.state.tp_rank, self.spec.vocab_size
+        forward_lp: list[torch.Tensor] = []  # [B, T] per microbatch, in schedule order (last stage only)
 
         def step(data_iter, model):
             mb = next(data_iter)
@@ -269,6 +274,8 @@ class Policy:
 
             def loss_func(logits):
                 lp = token_logprobs(logits, mb.tokens_BS, vocab, temperature, tp_rank)
+                if return_logprobs:
+                    forward_lp.append(lp.detach())
                 loss, metrics = loss_fn(lp, mb)  # mb (extras included) is on the policy's device
                 return loss * scale, {
                     "loss": loss.detach().clone(),
@@ -294,7 +301,10 @@ class Policy:
         metrics["update_successful"] = float(bool(ok))
         metrics["lr"] = float(lr) if lr is not None else float("nan")
         metrics.update(_combine(outs))
-        return metrics
+        if not return_logprobs:
+            return metrics
+        values = self._broadcast_from_last_stage(forward_lp if self.state.is_last_stage else None, mbs)
+        return metrics, completion_values([v.cpu() for v in values], mbs, prompt_lens)
 
 
 def lr_scheduler(optimizer, o: OptimSettings):

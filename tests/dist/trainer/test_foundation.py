@@ -134,6 +134,22 @@ def test_one_optimizer_step_equals_adamw_reference(run, layout):
     assert metrics["grad_norm"] == pytest.approx(ref_gnorm, rel=1e-4)
 
 
+@pytest.mark.parametrize("layout", TRAIN_CASES, ids=lambda c: f"tp{c[0]}pp{c[1]}")
+def test_the_update_returns_its_own_forward_from_before_the_step(run, layout):
+    """`train_step(return_logprobs=True)` gives the log-probs of the weights it started from (what
+    algorithm.old_logprobs=auto uses as the old policy and checks against the engine), in the caller's
+    order, on every stage: equal to a separate pass before the step, and not to one after it."""
+    out, _, _ = run
+    tp, pp = layout
+    got = torch.load(out / f"forward_tp{tp}pp{pp}.pt")
+    before, forward, after = got["before"], got["forward"], got["after"]
+    assert [t.shape for t in forward] == [t.shape for t in before]
+    same = max((f - b).abs().max().item() for f, b in zip(forward, before))
+    moved = max((a - b).abs().max().item() for a, b in zip(after, before))
+    assert same <= 1e-6, f"the update's forward differs from the weights it started from by {same:.2e}"
+    assert moved > 1e-3, f"the step moved the log-probs by only {moved:.2e}: the check would mean nothing"
+
+
 def test_malformed_checkpoints_refused_naming_the_tensor(run):
     out, _, victim = run
     results = json.loads((out / "malformed.json").read_text())

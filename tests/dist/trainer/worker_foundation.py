@@ -57,12 +57,22 @@ def main() -> None:
         mine = slice(st.dp_rank * n, (st.dp_rank + 1) * n)
         global_tokens = float(sum(len(s) - p for s, p in zip(seqs, prompt_lens)))
         adv = advantages(seqs, prompt_lens)[mine]
-        metrics = pol.train_step(
-            seqs[mine], prompt_lens[mine], train_loss(global_tokens), extras={"adv": adv}
+        before = pol.logprobs(seqs[mine], prompt_lens[mine])
+        metrics, forward = pol.train_step(
+            seqs[mine],
+            prompt_lens[mine],
+            train_loss(global_tokens),
+            extras={"adv": adv},
+            return_logprobs=True,
         )
+        after = pol.logprobs(seqs[mine], prompt_lens[mine])
         full = full_state(pol)  # the whole model on rank 0 (the HF export's own gather)
         if rank == 0:
             torch.save(full, OUT / f"params_tp{tp}pp{pp}.pt")
+            # The update's own forward (algorithm.old_logprobs=auto) against separate passes around it.
+            torch.save(
+                {"before": before, "forward": forward, "after": after}, OUT / f"forward_tp{tp}pp{pp}.pt"
+            )
         if rank == dist.get_world_size() - 1:
             (OUT / f"metrics_tp{tp}pp{pp}.json").write_text(json.dumps(metrics))
 

@@ -14,7 +14,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 def test_non_finite_weights_are_never_served_and_the_run_stops_after_three_refusals(tmp_path):
-    proc = launch(tmp_path, 8, ["optim.lr=1e30", "logger.wandb=false"], name="nan", wait=False)
+    # One minibatch: algorithm.old_logprobs=auto would take the update's own forward as the old policy,
+    # which a refused publication makes wrong (the samples come from an older version): it recomputes.
+    extra = ["optim.lr=1e30", "logger.wandb=false", "algorithm.minibatches=1"]
+    proc = launch(tmp_path, 8, extra, name="nan", wait=False)
     rc = proc.wait(timeout=900)
     out = (tmp_path / "nan.log").read_text()
     assert rc != 0, out[-3000:]
@@ -25,6 +28,7 @@ def test_non_finite_weights_are_never_served_and_the_run_stops_after_three_refus
     good = recs[first_refused - 1]["version"]  # the last version that activated
     for r in recs[:first_refused]:
         assert r["publication"]["activated"] and r["publication"]["refused"] == []
+        assert r["old_logprobs"] == "update_forward"
     refused = recs[first_refused:]
     assert len(refused) == 2, [r["step"] for r in recs]  # the next step's publication is the 3rd refusal
     for r in refused:
@@ -32,5 +36,6 @@ def test_non_finite_weights_are_never_served_and_the_run_stops_after_three_refus
         assert not p["activated"] and p["active_version"] == good and r["version"] == good
         assert p["action"] == f"sampled with the active version {good}"
         assert "non-finite values (NaN or Inf)" in p["refused"][0]
+        assert r["old_logprobs"] == "recompute"  # the update's forward is not the sampled version's
     head = "weight publication refused 3 times in a row (rollout.on_refused_publication=stop"
     assert out.count(head) == 1 and f"version {good} keeps serving" in out

@@ -119,3 +119,9 @@ def test_throughput_is_recorded(r):
     b = r["bench"]
     assert b["samples"] == 64 and b["tokens"] == 64 * 32
     assert b["tokens_per_s"] > 0
+
+
+def test_a_batch_over_the_token_budget_is_generated_whole_and_reproducibly(r):
+    b = r["over_budget"]
+    assert b["prompt_tokens"] > b["budget"], "the batch must not fit one scheduler step"
+    assert b["samples"] == 96 and b["same"]

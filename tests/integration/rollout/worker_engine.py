@@ -185,6 +185,24 @@ def main():
     os.environ["MASTER_PORT"] = "29123"
     r["shm_names"] = [before, make_shm_names_job_unique() and _CPUSHMDistributed.make_group_name(group)]
 
+    # More prompt tokens than one scheduler step takes: every seeded sample still comes back, the
+    # same twice (the CPU build once failed here, splitting a prefill it could not rewind).
+    budget = eng.llm.vllm_config.scheduler_config.max_num_batched_tokens
+    g = torch.Generator().manual_seed(1)
+    many = [torch.randint(0, SPEC.vocab_size, (100,), generator=g).tolist() for _ in range(48)]
+
+    def seeded():
+        out = eng.generate_stream(many, 2, SamplingSettings(max_new_tokens=4), call_id=7)
+        return sorted(out, key=lambda x: (x.prompt_index, x.sample_index))
+
+    first, again = seeded(), seeded()
+    r["over_budget"] = dict(
+        budget=budget,
+        prompt_tokens=sum(len(p) * 2 for p in many),
+        samples=len(first),
+        same=[x.token_ids for x in first] == [x.token_ids for x in again],
+    )
+
     # Throughput (for the closing note): 16 prompts x 4 samples x 32 tokens, after one warm-up call.
     g = torch.Generator().manual_seed(0)
     bench = [torch.randint(0, SPEC.vocab_size, (16,), generator=g).tolist() for _ in range(16)]

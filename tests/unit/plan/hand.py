@@ -58,6 +58,7 @@ def hand_inputs(work: dict | None = None, hw: dict | None = None, assume: dict |
         minibatches=1,
         micro_batch_size=1,
         reference_forward=True,
+        old_forward=True,
         seconds_per_sample=1.0,
         pool_cores=2,
         steps=10,

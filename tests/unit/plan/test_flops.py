@@ -58,6 +58,32 @@ def test_train_and_logprob_flops_by_hand():
     assert lp["total"] == 8 * 2256
     no_kl = logprob_forward_flops(hand_inputs(work={"reference_forward": False}))
     assert no_kl["ref"] == 0 and no_kl["total"] == 4 * 2256
+    # algorithm.old_logprobs: the update's own forward or the engines' log-probs stand in for the pass.
+    no_old = logprob_forward_flops(hand_inputs(work={"old_forward": False}))
+    assert no_old["old"] == 0 and no_old["total"] == 4 * 2256
+
+
+@pytest.mark.parametrize(
+    "overrides, old_forward",
+    [
+        ([], True),  # 4 minibatches: auto recomputes
+        (["algorithm.minibatches=1"], False),  # one minibatch: the update's forward is the old policy's
+        (["algorithm.minibatches=1", "algorithm.old_logprobs=recompute"], True),
+        (["algorithm.minibatches=1", "algorithm.kl_in_reward=true"], True),  # KL before the update
+        (["algorithm.old_logprobs=engine"], False),
+    ],
+)
+def test_the_planner_counts_the_old_forward_the_driver_runs(overrides, old_forward):
+    from megatron_rl.config.load import load_recipe
+    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.plan.cycle import trainer_phases
+    from megatron_rl.plan.inputs import inputs_from_recipe
+
+    recipe = load_recipe("grpo_qwen2.5-32b_32n8g", overrides)
+    inp = inputs_from_recipe(recipe)
+    assert inp.work.old_forward is old_forward
+    phases = trainer_phases(inp, ParallelLayout.from_config(recipe.layout))
+    assert (phases["old_logprobs"] > 0) is old_forward
 
 
 def test_recompute_adds_the_forward_it_redoes():

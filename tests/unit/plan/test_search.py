@@ -67,3 +67,37 @@ def test_structural_reasons(ref):
     assert "layout.engine_tp=8: must divide model.num_attention_heads=28" in structural_reason(
         odd, base.with_(tp=4, dp=32, engine_tp=8, engine_count=32)
     )
+
+
+def test_every_ranked_layout_round_trips_through_its_overrides():
+    """`as_overrides` sets exactly the layout the search ranked (what peer_trl.py and users run)."""
+    from megatron_rl.config.load import load_recipe
+    from megatron_rl.plan.inputs import inputs_from_recipe
+
+    recipe = load_recipe("grpo_qwen2.5-32b_32n8g", [])
+    for cyc in search(inputs_from_recipe(recipe))["ranked"][:6]:
+        again = load_recipe("grpo_tiny_cpu", cyc.layout.as_overrides())
+        assert ParallelLayout.from_config(again.layout) == cyc.layout
+
+
+def test_on_the_cpu_cluster_the_search_prefers_dp_to_tp_for_a_tiny_model():
+    """gloo's ~1 ms per collective (cluster.allreduce_latency_us) makes trainer TP2 slower than DP2 on
+    this machine for the tiny model; at NVLink latency the two are within a hair of each other."""
+    from megatron_rl.config.load import load_recipe
+    from megatron_rl.plan.cycle import cycle
+    from megatron_rl.plan.inputs import inputs_from_recipe
+
+    work = ["data.prompts_per_step=16", "algorithm.minibatches=1", "optim.micro_batch_size=16"]
+    ranked = search(inputs_from_recipe(load_recipe("grpo_tiny_hf_cpu", work)))["ranked"]
+    colocated = [c.layout for c in ranked if c.layout.colocated]
+    assert (colocated[0].tp, colocated[0].dp) == (1, 2), [c.describe() for c in colocated]
+
+    def trainer_s(latency_us: float, tp: int, dp: int) -> float:
+        recipe = load_recipe("grpo_tiny_hf_cpu", [*work, f"cluster.allreduce_latency_us={latency_us}"])
+        inp = inputs_from_recipe(recipe)
+        lay = ParallelLayout.from_config(recipe.layout).with_(tp=tp, dp=dp)
+        ph = cycle(inp, lay).phases
+        return sum(ph[k] for k in ("ref_logprobs", "train_fwd_bwd"))
+
+    assert trainer_s(1000, 2, 1) > trainer_s(1000, 1, 2) + 0.1  # TP pays ~30 collectives per microbatch
+    assert abs(trainer_s(0, 2, 1) - trainer_s(0, 1, 2)) < 0.05
