@@ -180,9 +180,18 @@ class Policy:
         return model(mb.tokens_BS, mb.position_ids_BS, attention_mask=None)
 
     def _microbatches(self, sequences, prompt_lens, seq_len, extras=None) -> list[Microbatch]:
-        """Microbatches on the policy's device (the one device rule: see trainer/batch.py)."""
+        """Microbatches on the policy's device (the one device rule: see trainer/batch.py). Without
+        pipeline parallelism (no p2p buffer shape to keep) they are grouped by length, each padded to
+        its own longest."""
+        by_length = self.state.pp == 1 and seq_len is None
         return make_microbatches(
-            sequences, prompt_lens, self.micro_batch_size, seq_len, extras, device=self.state.device
+            sequences,
+            prompt_lens,
+            self.micro_batch_size,
+            seq_len,
+            extras,
+            device=self.state.device,
+            by_length=by_length,
         )
 
     def logprobs(
