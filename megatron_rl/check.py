@@ -285,6 +285,14 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
     out += layout.check(m, cl)
     lay = cfg.layout
 
+    # The capped importance weight pi_old / pi_engine is 1 when the old log-probs are the engines' own.
+    if alg.old_logprobs == "engine" and alg.truncated_is_cap > 0:
+        bad(
+            "algorithm.truncated_is_cap",
+            "corrects the trainer's old log-probs toward the engines'; with algorithm.old_logprobs=engine "
+            "they are the engines' own and every weight is 1: set truncated_is_cap=0, or old_logprobs=auto",
+        )
+
     # ---- batch ----
     samples = data.prompts_per_step * ro.samples_per_prompt
     if ro.samples_per_prompt < 2 and alg.name == "grpo":

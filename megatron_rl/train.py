@@ -96,15 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         timeshare.to_train()  # the engine sleeps; the trainer takes the device back
 
         # 2. old-policy and reference log-probs of this DP rank's samples, before any update. The old ones
-        #    are recomputed, or (algorithm.old_logprobs) taken from the engines, or from the update's own
-        #    forward when the batch is exactly on-policy (loop/old_policy.py)
+        #    are recomputed, or (algorithm.old_logprobs) taken from the engines, or, with one minibatch,
+        #    from the update's own forward, which runs on the same weights (loop/old_policy.py)
         plan = assign(len(samples), procs.state.dp, algo.minibatches, cfg.seed, step)
         mine = sorted(i for minibatch in plan for i in minibatch[procs.state.dp_rank])
         seqs, plens = [samples[i].sequence for i in mine], [samples[i].prompt_len for i in mine]
-        held = publication.version if publication.activated else None  # the version the trainer holds
-        source = old_policy.step_source(
-            algo.old_logprobs, algo.minibatches, algo.kl_in_reward, (s.version for s in samples), held
-        )
+        source = old_policy.source(algo.old_logprobs, algo.minibatches, algo.kl_in_reward, algo.kl_coef)
         old, agreement = {}, None
         if source == old_policy.RECOMPUTE:
             with run.phase("old_logprobs"):

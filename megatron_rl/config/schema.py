@@ -90,8 +90,8 @@ class AlgorithmConfig:
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
     minibatches: int = 1
     # The ratio's denominator (loop/old_policy.py): recompute = a trainer forward before the first
-    # update; auto = skip it when the batch is exactly on-policy (one minibatch, no refused publication);
-    # engine = the engines' sampling log-probs. The engine-vs-trainer agreement is measured in every case.
+    # update; auto = skip it when the update's own forward gives the same values (one minibatch, no KL
+    # in the rewards); engine = the engines' sampling log-probs. The agreement is measured in every case.
     old_logprobs: str = "auto"  # recompute | engine | auto
     dynamic_sampling: bool = False
     max_resample_rounds: int = 3
@@ -230,9 +230,9 @@ class ClusterConfig:
     nics_per_node: int = 8
     storage_gbps: float = 20.0  # GB/s total, shared storage
     node_mtbf_days: float = 20.0
-    # Latency of one small all-reduce inside a node (NVLink: a few microseconds; gloo between processes
-    # sharing CPU cores: a millisecond). The planner charges it per tensor-parallel collective, in the
-    # trainer's passes and in every decode step of a TP engine, so small models avoid TP where it costs.
+    # Latency of one collective of the trainer's process groups inside a node (NCCL over NVLink: a few
+    # microseconds; gloo between processes sharing CPU cores: a millisecond). The planner charges it per
+    # tensor-parallel collective of the trainer's passes, so small models avoid TP where it costs.
     allreduce_latency_us: float = 8.0
     partition: str = ""
     account: str = ""

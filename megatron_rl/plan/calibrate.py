@@ -63,8 +63,12 @@ def summarize(records: list[dict]) -> dict:
     """Median seconds and peak memory per phase; phases the planner does not model go to `other`."""
     seconds: dict[str, list[float]] = {}
     mem: dict[str, float] = {}
+    # A phase some steps skip (old_logprobs, when algorithm.old_logprobs=auto drops it) counts 0 s there.
+    seen = {name for rec in records for name in rec["phases"] if name in PHASES}
     for rec in records:
         other = 0.0
+        for name in seen - set(rec["phases"]):
+            seconds.setdefault(name, []).append(0.0)
         for name, ph in rec["phases"].items():
             m = ph.get("mem_gib")
             if isinstance(m, int | float):

@@ -95,27 +95,29 @@ def _pp_p2p_seconds(inp: PlanInputs, layout: ParallelLayout, sequences: int, pas
 
 
 def _tp_collective_seconds(inp: PlanInputs, layout: ParallelLayout, sequences: int, backward: bool) -> float:
-    """Tensor-parallel collectives of one rank over `sequences` sequences (one pass).
+    """Latency of one rank's tensor-parallel collectives over `sequences` sequences (one pass).
 
-    Per microbatch, each layer of the rank's stage all-reduces its attention and MLP outputs in the
-    forward (a reduce-scatter and an all-gather with sequence parallelism: the same bytes) and their
-    input gradients in the backward; the vocab-parallel embedding and cross-entropy add a few small
-    ones (4 forward, 1 backward). Each costs the cluster's all-reduce latency, and the layer ones their
-    [b, S, h] activation over the TP link (a ring moves 2 (t-1)/t of it). Latency is what decides on
-    small models: on CPU (gloo, ~1 ms per collective) TP loses to DP long before bandwidth matters."""
-    t = layout.tp
-    if t == 1:
+    Per microbatch and layer of the rank's stage: the forward all-reduces its attention and MLP outputs
+    (2 collectives; 4 with sequence parallelism, an all-gather and a reduce-scatter each); the backward
+    does the same for their input gradients and, with sequence parallelism, all-gathers the two inputs
+    again for the weight gradients (2; 6 with SP), and with full recompute runs the forward's again.
+    The vocab-parallel embedding (first stage) and cross-entropy (last stage) add 1 and 3 small ones
+    forward, 1 backward. Only their latency is charged: the bytes they move are inside the assumed
+    MFU (measured MFUs of TP layouts include their communication). Latency is what decides small models:
+    on CPU (gloo, ~1 ms per collective) TP loses to DP long before bandwidth matters."""
+    if layout.tp == 1:
         return 0.0
-    w, hw, s = inp.work, inp.hw, inp.spec
+    w, s = inp.work, inp.spec
     microbatches = math.ceil(math.ceil(sequences / layout.dp) / w.micro_batch_size)
     layers = math.ceil(s.num_layers / layout.pp)
-    layer_collectives = layers * 2 * (2 if backward else 1)
-    small = 5 if backward else 4
-    nbytes = w.micro_batch_size * w.sequence_tokens / layout.cp * s.hidden_size * s.dtype_bytes
-    link = hw.nvlink_bytes_per_s if t <= hw.gpus_per_node else hw.gpu_ib_bytes_per_s
-    per_mb = (layer_collectives + small) * hw.allreduce_latency_s
-    per_mb += layer_collectives * nbytes * 2 * (t - 1) / t / link
-    return microbatches * per_mb
+    sp = layout.sequence_parallel
+    per_layer = 4 if sp else 2
+    small = (1 if layout.pp == 1 else 0) + 3  # embedding on the first stage, cross-entropy on the last
+    if backward:
+        per_layer += 6 if sp else 2
+        per_layer += (4 if sp else 2) if layout.recompute == "full" else 0
+        small += 1
+    return microbatches * (layers * per_layer + small) * inp.hw.allreduce_latency_s
 
 
 def trainer_phases(inp: PlanInputs, layout: ParallelLayout) -> dict:

@@ -30,6 +30,11 @@ from megatron_rl.plan.flops import (
 from megatron_rl.plan.inputs import GIB, PlanInputs
 from megatron_rl.plan.memory import engine_memory
 
+# Latency of one small all-reduce of a TP engine's decode step (vLLM's custom all-reduce over NVLink;
+# its CPU build's shared-memory one): assumed. The trainer's process groups have the cluster's
+# `allreduce_latency_us`.
+DECODE_ALLREDUCE_LATENCY_S = 8e-6
+
 # vLLM's default max_num_seqs for the offline LLM class: 1024 on GPUs of >= 70 GiB (not A100),
 # 256 on smaller ones, 256 x TP on its CPU build (vllm/engine/arg_utils.py).
 MAX_NUM_SEQS_LARGE_GPU = 1024
@@ -111,7 +116,7 @@ def generation(inp: PlanInputs, layout: ParallelLayout) -> Generation:
     kv_gpu = mem["kv_bytes_per_token_per_gpu"]
     compute = etp * hw.peak_flops * inp.assume.train_mfu  # per replica
     p, c, cap = w.prompt_tokens, w.completion_tokens, w.max_new_tokens
-    step_latency = 2 * s.num_layers * hw.allreduce_latency_s if etp > 1 else 0.0
+    step_latency = 2 * s.num_layers * DECODE_ALLREDUCE_LATENCY_S if etp > 1 else 0.0
 
     bulk_steps = math.ceil(seqs * c / batch)
     bulk_bytes_gpu = bulk_steps * w_gpu + seqs * kv_gpu * decode_context_sum(p, c)

@@ -161,7 +161,7 @@ def inputs_from_recipe(recipe) -> PlanInputs:
         minibatches=recipe.algorithm.minibatches,
         micro_batch_size=recipe.optim.micro_batch_size,
         reference_forward=recipe.algorithm.kl_coef > 0,
-        old_forward=needs_forward(a.old_logprobs, a.minibatches, a.kl_in_reward),
+        old_forward=needs_forward(a.old_logprobs, a.minibatches, a.kl_in_reward, a.kl_coef),
         seconds_per_sample=recipe.reward.seconds_per_sample,
         pool_cores=recipe.reward.pool_cores,
         steps=p.target_steps,

@@ -149,7 +149,7 @@ def _assumptions(inp: PlanInputs, layout: ParallelLayout, restart_s: float) -> A
         prefix_sharing=a.prefix_sharing,
         trainer_runtime_gib=mem_mod.TRAINER_RUNTIME_GIB[where],
         engine_runtime_gib=mem_mod.ENGINE_RUNTIME_GIB[where],
-        decode_allreduce_latency_s=inp.hw.allreduce_latency_s,
+        decode_allreduce_latency_s=gen_mod.DECODE_ALLREDUCE_LATENCY_S,
         max_num_seqs=gen_mod.max_num_seqs(inp, layout.engine_tp),
         host_link_gbps=HOST_LINK_BYTES_PER_S / 1e9,
         restart_s=restart_s,

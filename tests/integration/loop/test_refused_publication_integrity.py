@@ -14,8 +14,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 def test_non_finite_weights_are_never_served_and_the_run_stops_after_three_refusals(tmp_path):
-    # One minibatch: algorithm.old_logprobs=auto would take the update's own forward as the old policy,
-    # which a refused publication makes wrong (the samples come from an older version): it recomputes.
+    # One minibatch: algorithm.old_logprobs=auto takes the update's own forward as the old log-probs,
+    # refused publication or not (a recompute would score the older version's samples with the same
+    # current weights); the agreement check still runs on that forward and shows the stale version.
     extra = ["optim.lr=1e30", "logger.wandb=false", "algorithm.minibatches=1"]
     proc = launch(tmp_path, 8, extra, name="nan", wait=False)
     rc = proc.wait(timeout=900)
@@ -36,6 +37,6 @@ def test_non_finite_weights_are_never_served_and_the_run_stops_after_three_refus
         assert not p["activated"] and p["active_version"] == good and r["version"] == good
         assert p["action"] == f"sampled with the active version {good}"
         assert "non-finite values (NaN or Inf)" in p["refused"][0]
-        assert r["old_logprobs"] == "recompute"  # the update's forward is not the sampled version's
+        assert r["old_logprobs"] == "update_forward" and r["logprob_agreement"]["tokens"] > 0
     head = "weight publication refused 3 times in a row (rollout.on_refused_publication=stop"
     assert out.count(head) == 1 and f"version {good} keeps serving" in out

@@ -199,3 +199,16 @@ def test_paths_the_driver_reads_late_are_checked_first(tmp_path):
     assert files == {"checkpoint.resume", "logger.run_dir", "reward.function"}
     ok = load_recipe("grpo_tiny_cpu", [f"checkpoint.resume={tmp_path}", f"logger.run_dir={tmp_path}/out"])
     assert check_recipe(ok) == []
+
+
+def test_truncated_is_against_the_engines_own_logprobs_is_refused():
+    """With old_logprobs=engine the capped weight pi_old / pi_engine is always 1: the correction a user
+    asked for would silently not apply."""
+    problems = check_recipe(
+        load_recipe("grpo_tiny_cpu", ["algorithm.old_logprobs=engine", "algorithm.truncated_is_cap=2.0"])
+    )
+    assert [p.key for p in problems] == ["algorithm.truncated_is_cap"] and "every weight is 1" in str(
+        problems[0]
+    )
+    for ok in (["algorithm.old_logprobs=engine"], ["algorithm.truncated_is_cap=2.0"]):
+        assert check_recipe(load_recipe("grpo_tiny_cpu", ok)) == []

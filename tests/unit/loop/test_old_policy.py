@@ -11,34 +11,16 @@ from megatron_rl.loop.rl_batch import grpo_loss_fn
 from megatron_rl.trainer.batch import make_microbatches
 
 
-def test_auto_skips_the_forward_only_when_the_batch_is_exactly_on_policy():
-    assert op.planned_source("auto", 1, False) == op.UPDATE
-    assert op.planned_source("auto", 2, False) == op.RECOMPUTE  # later minibatches follow an update
-    assert op.planned_source("auto", 1, True) == op.RECOMPUTE  # KL in the reward, before the update
-    assert op.planned_source("recompute", 1, False) == op.RECOMPUTE
-    assert op.planned_source("engine", 4, True) == op.ENGINE
-    assert op.needs_forward("auto", 1, False) is False and op.needs_forward("auto", 4, False) is True
+def test_auto_skips_the_forward_only_when_the_update_computes_the_same_values():
+    assert op.source("auto", 1, False, 0.04) == op.UPDATE
+    assert op.source("auto", 2, False, 0.04) == op.RECOMPUTE  # later minibatches follow an update
+    assert op.source("auto", 1, True, 0.04) == op.RECOMPUTE  # KL in the reward, before the update
+    assert op.source("auto", 1, True, 0.0) == op.UPDATE  # ... unless there is no KL at all
+    assert op.source("recompute", 1, False, 0.0) == op.RECOMPUTE
+    assert op.source("engine", 4, True, 0.04) == op.ENGINE
+    assert op.needs_forward("auto", 1, False, 0.0) is False and op.needs_forward("auto", 4, False, 0.0)
     with pytest.raises(ValueError, match="algorithm.old_logprobs='fast'"):
-        op.planned_source("fast", 1, False)
-
-
-@pytest.mark.parametrize(
-    "versions, held",
-    [
-        ([3, 3, 3], None),  # this step's publication was refused: the trainer holds an unpublished version
-        ([2, 2, 2], 3),  # samples of the previous version (a refused publication kept it serving)
-        ([3, 3, 2], 3),  # one sample from another version
-        ([], 3),  # nothing to vouch for
-    ],
-)
-def test_auto_recomputes_when_the_samples_were_not_drawn_with_the_trainer_weights(versions, held):
-    assert op.step_source("auto", 1, False, versions, held) == op.RECOMPUTE
-
-
-def test_auto_uses_the_update_forward_when_every_sample_is_of_the_held_version():
-    assert op.step_source("auto", 1, False, iter([5, 5]), 5) == op.UPDATE
-    # `engine` is the behaviour policy by construction: any version, any minibatch count.
-    assert op.step_source("engine", 3, False, [4, 5], 5) == op.ENGINE
+        op.source("fast", 1, False, 0.0)
 
 
 ALGO = types.SimpleNamespace(

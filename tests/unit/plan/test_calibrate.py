@@ -135,3 +135,12 @@ def test_cli_from_steps(steps_file, capsys):
     assert "calibrated with measured steps" in out and "Calibration from 3 measured steps" in out
     assert main([REFERENCE, "--from-steps", str(steps_file) + ".missing", "--no-search"]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_phase_some_steps_skip_counts_zero_there():
+    """With algorithm.old_logprobs=auto most steps have no old-policy forward: the median per step is
+    0, not the seconds of the few steps that ran one."""
+    recs = [{"phases": {"generation": {"seconds": 1.0}, "old_logprobs": {"seconds": 0.5}}}]
+    recs += [{"phases": {"generation": {"seconds": 1.0}}} for _ in range(4)]
+    assert summarize(recs)["median_s"]["old_logprobs"] == 0.0
+    assert "ref_logprobs" not in summarize(recs)["median_s"]  # never measured: left to the model

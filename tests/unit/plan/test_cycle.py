@@ -124,19 +124,26 @@ def test_longer_completions_never_predict_a_cheaper_step(ref):
 
 
 def test_tensor_parallel_collectives_by_hand():
-    """Per microbatch: 2 all-reduces per layer forward (4 with the backward) plus 4 small ones forward
-    (5 with the backward), each the cluster's latency; the layer ones also move 2 (t-1)/t of their
-    [b, S, h] activation over NVLink."""
+    """Per microbatch and layer: 2 all-reduces forward, 2 more backward; sequence parallelism makes each
+    an all-gather plus a reduce-scatter and re-gathers 2 inputs in the backward; full recompute repeats
+    the forward's; 4 small vocab ones forward (embedding + cross-entropy), 1 backward. Latency each."""
     from megatron_rl.plan.cycle import _tp_collective_seconds
 
     inp = hand_inputs()
     inp = dataclasses.replace(inp, hw=dataclasses.replace(inp.hw, allreduce_latency_s=1e-3))
-    tp2 = HAND_LAYOUT.with_(tp=2, dp=1, pp=1)
-    w, s = inp.work, inp.spec
-    act = w.micro_batch_size * w.sequence_tokens * s.hidden_size * s.dtype_bytes
+    w, layers = inp.work, inp.spec.num_layers
     mbs = w.samples // w.micro_batch_size
-    fwd = mbs * ((2 * s.num_layers + 4) * 1e-3 + 2 * s.num_layers * act / inp.hw.nvlink_bytes_per_s)
-    bwd = mbs * ((4 * s.num_layers + 5) * 1e-3 + 4 * s.num_layers * act / inp.hw.nvlink_bytes_per_s)
-    assert _tp_collective_seconds(inp, tp2, w.samples, backward=False) == pytest.approx(fwd)
-    assert _tp_collective_seconds(inp, tp2, w.samples, backward=True) == pytest.approx(bwd)
+
+    def tp(backward, **kw):
+        lay = HAND_LAYOUT.with_(tp=2, dp=1, pp=1, **kw)
+        return _tp_collective_seconds(inp, lay, w.samples, backward)
+
+    plain = dict(sequence_parallel=False, recompute="none")
+    assert tp(False, **plain) == pytest.approx(mbs * (2 * layers + 4) * 1e-3)
+    assert tp(True, **plain) == pytest.approx(mbs * (4 * layers + 5) * 1e-3)
+    sp = dict(sequence_parallel=True, recompute="none")
+    assert tp(False, **sp) == pytest.approx(mbs * (4 * layers + 4) * 1e-3)
+    assert tp(True, **sp) == pytest.approx(mbs * (10 * layers + 5) * 1e-3)
+    full = dict(sequence_parallel=True, recompute="full")
+    assert tp(True, **full) == pytest.approx(mbs * (14 * layers + 5) * 1e-3)
     assert _tp_collective_seconds(inp, HAND_LAYOUT.with_(tp=1), w.samples, backward=True) == 0.0

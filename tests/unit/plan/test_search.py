@@ -75,9 +75,11 @@ def test_every_ranked_layout_round_trips_through_its_overrides():
     from megatron_rl.plan.inputs import inputs_from_recipe
 
     recipe = load_recipe("grpo_qwen2.5-32b_32n8g", [])
-    for cyc in search(inputs_from_recipe(recipe))["ranked"][:6]:
-        again = load_recipe("grpo_tiny_cpu", cyc.layout.as_overrides())
-        assert ParallelLayout.from_config(again.layout) == cyc.layout
+    layouts = [cyc.layout for cyc in search(inputs_from_recipe(recipe))["ranked"][:6]]
+    layouts.append(layouts[0].with_(sequence_parallel=False, pp_layers=(14, 18, 18, 14), pp=4))
+    for layout in layouts:
+        again = load_recipe("grpo_tiny_cpu", layout.as_overrides())
+        assert ParallelLayout.from_config(again.layout) == layout
 
 
 def test_on_the_cpu_cluster_the_search_prefers_dp_to_tp_for_a_tiny_model():
