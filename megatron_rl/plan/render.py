@@ -77,7 +77,11 @@ def _compute(r: PlanReport) -> list[str]:
     rate = r.cluster.peak_tflops * a.train_mfu
     rows = [
         ("policy training (6·P + attention)", f"{_f(fl.train / PF)} PFLOP", f"{_f(gs.train, 0)} GPU-s"),
-        ("old-policy forward (2·P + attention)", f"{_f(fl.old_logprobs / PF)} PFLOP", ""),
+        (
+            "old-policy forward (2·P + attention)",
+            f"{_f(fl.old_logprobs / PF)} PFLOP" if fl.old_logprobs else "none",
+            "" if fl.old_logprobs else "algorithm.old_logprobs: the update's own forward or the engines'",
+        ),
         ("reference forward (2·P + attention)", f"{_f(fl.ref_logprobs / PF)} PFLOP", ""),
         (
             "log-prob forwards together",

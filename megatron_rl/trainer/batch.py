@@ -87,7 +87,9 @@ def make_microbatches(
     host = "cpu"  # assembled on the host, then moved to `device` in one step
     out = []
     for start in range(0, len(sequences), micro_batch_size):
-        idx = order[start : start + micro_batch_size]
+        # Inside a microbatch, the caller's order: a step whose grouping is trivial (one microbatch)
+        # computes bit for bit what it did before.
+        idx = sorted(order[start : start + micro_batch_size])
         if by_length:
             S = padded_length([lengths[i] for i in idx], multiple)
         tokens = torch.zeros(len(idx), S, dtype=torch.long, device=host)

@@ -21,7 +21,7 @@ def _batch():
 def test_by_length_groups_similar_lengths_and_pads_each_to_its_own_longest():
     seqs, plens, extras = _batch()
     mbs = make_microbatches(seqs, plens, 2, extras=extras, by_length=True)
-    assert [mb.index for mb in mbs] == [[4, 0], [6, 2], [3, 5], [7, 1]]  # longest first
+    assert [mb.index for mb in mbs] == [[0, 4], [2, 6], [3, 5], [1, 7]]  # longest first
     assert [mb.tokens_BS.shape[1] for mb in mbs] == [72, 40, 16, 16]
     one = make_microbatches(seqs, plens, 2, extras=extras)
     padded = sum(mb.tokens_BS.numel() for mb in mbs)
