@@ -358,7 +358,7 @@ def run_ours(args, fixture: Path, tokens: int, variant: str, work: Path) -> dict
     res = {
         "step_seconds": ours_step_walls(records, spans),
         "startup_s": (first_end - t0) if first_end else None,
-        "completion_tokens": [_completion_mean(r) for r in records],
+        "completion_tokens": [r["completion_tokens_mean"] for r in records],
         "stop_fraction": [r.get("stop_fraction") for r in records],
         "reward": [r["reward"]["mean"] for r in records],
         "phases": [{k: v["seconds"] for k, v in r["phases"].items()} for r in records],
@@ -366,13 +366,6 @@ def run_ours(args, fixture: Path, tokens: int, variant: str, work: Path) -> dict
     shutil.rmtree(run_dir, ignore_errors=True)
     shutil.rmtree(work / "checkpoints", ignore_errors=True)
     return res
-
-
-def _completion_mean(record: dict) -> float | None:
-    """The step's mean completion length (the key moved from tokens.mean_completion to the top level)."""
-    if "completion_tokens_mean" in record:
-        return record["completion_tokens_mean"]
-    return record.get("tokens", {}).get("mean_completion")
 
 
 class RunFailed(RuntimeError):

@@ -67,13 +67,16 @@ class Cycle:
         return list(dict.fromkeys(self.memory["reasons"] + list(self.gen.reasons)))
 
 
+def _rank_microbatches(inp: PlanInputs, layout: ParallelLayout, sequences: int) -> int:
+    """Microbatches one DP rank runs for a pass over `sequences` sequences."""
+    return math.ceil(math.ceil(sequences / layout.dp) / inp.work.micro_batch_size)
+
+
 def _stretch(inp: PlanInputs, layout: ParallelLayout, sequences: int) -> float:
     """DP imbalance x pipeline bubble for a pass over `sequences` sequences."""
     dp = layout.dp
-    per_rank = math.ceil(sequences / dp)
-    imbalance = per_rank * dp / sequences
-    microbatches = math.ceil(per_rank / inp.work.micro_batch_size)
-    bubble = (layout.pp - 1) / microbatches
+    imbalance = math.ceil(sequences / dp) * dp / sequences
+    bubble = (layout.pp - 1) / _rank_microbatches(inp, layout, sequences)
     return imbalance * (1.0 + bubble)
 
 
@@ -84,7 +87,7 @@ def _pp_p2p_seconds(inp: PlanInputs, layout: ParallelLayout, sequences: int, pas
     if layout.pp == 1:
         return 0.0
     w, hw = inp.work, inp.hw
-    microbatches = math.ceil(math.ceil(sequences / layout.dp) / w.micro_batch_size)
+    microbatches = _rank_microbatches(inp, layout, sequences)
     tokens = w.micro_batch_size * w.sequence_tokens / layout.cp
     nbytes = (
         tokens * inp.spec.hidden_size * inp.spec.dtype_bytes / (layout.tp if layout.sequence_parallel else 1)
@@ -107,8 +110,8 @@ def _tp_collective_seconds(inp: PlanInputs, layout: ParallelLayout, sequences: i
     on CPU (gloo, ~1 ms per collective) TP loses to DP long before bandwidth matters."""
     if layout.tp == 1:
         return 0.0
-    w, s = inp.work, inp.spec
-    microbatches = math.ceil(math.ceil(sequences / layout.dp) / w.micro_batch_size)
+    s = inp.spec
+    microbatches = _rank_microbatches(inp, layout, sequences)
     layers = math.ceil(s.num_layers / layout.pp)
     sp = layout.sequence_parallel
     per_layer = 4 if sp else 2
