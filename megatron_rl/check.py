@@ -119,6 +119,7 @@ NUMERIC: dict[str, tuple] = {
     "rollout.seed": GE0,
     "rollout.logprob_check_threshold": GT0,
     "rollout.max_refused_publications": GE1,
+    "rollout.max_staleness": GE1,
     "reward.workers": GE1,
     "reward.timeout_s": GT0,
     "reward.memory_mb": (16, None, True, False),
@@ -291,6 +292,16 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
             "algorithm.truncated_is_cap",
             "corrects the trainer's old log-probs toward the engines'; with algorithm.old_logprobs=engine "
             "they are the engines' own and every weight is 1: set truncated_is_cap=0, or old_logprobs=auto",
+        )
+
+    # Asynchronous batches come from an older policy than the one trained: the loss must correct for it.
+    if lay.synchrony == "async" and alg.truncated_is_cap <= 0 and alg.old_logprobs != "engine":
+        bad(
+            "algorithm.truncated_is_cap",
+            f"is 0 with layout.synchrony=async: batches are sampled up to rollout.max_staleness="
+            f"{ro.max_staleness} updates before they are trained, and without a correction the loss treats "
+            "them as on-policy. Set algorithm.truncated_is_cap (e.g. 2.0: truncated importance sampling "
+            "against the engines' log-probs), or algorithm.old_logprobs=engine",
         )
 
     # ---- batch ----

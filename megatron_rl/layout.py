@@ -57,7 +57,7 @@ class ParallelLayout:
     engine_tp: int = 1
     engine_count: int = 1
     placement: str = "colocated"  # colocated | separated
-    synchrony: str = "sync"  # sync | one_step_async
+    synchrony: str = "sync"  # sync | async
     # The order megatron-core numbers trainer ranks in; recipes keep the default (tests that emulate
     # a separated trainer inside one job put PP before DP, so one replica sits on the first ranks).
     order: str = DEFAULT_ORDER
@@ -112,7 +112,7 @@ class ParallelLayout:
     @property
     def overlapped(self) -> bool:
         """Generation of step t+1 runs while step t trains: needs disjoint pools."""
-        return not self.colocated and self.synchrony == "one_step_async"
+        return not self.colocated and self.synchrony == "async"
 
     @property
     def trainer_gpus(self) -> int:

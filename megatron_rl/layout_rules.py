@@ -11,7 +11,7 @@ from __future__ import annotations
 from megatron_rl.config.problem import Problem
 
 PLACEMENTS = ("colocated", "separated")
-SYNCHRONIES = ("sync", "one_step_async")
+SYNCHRONIES = ("sync", "async")
 RECOMPUTE_MODES = ("none", "selective", "full")
 SIZES = ("tp", "pp", "dp", "cp", "ep", "engine_tp", "engine_count")
 # vLLM pads its vocab-parallel embedding and LM head to a multiple of this, then splits it over TP.
@@ -159,35 +159,15 @@ def placement_problems(layout) -> list[Problem]:
                 "trainer ranks they are colocated on; lower layout.engine_count or use layout.placement=separated",
             )
         )
-    if not layout.colocated:
+    if layout.synchrony == "async" and layout.colocated:
         out.append(
             _p(
-                "placement",
-                layout.placement,
-                "separated pools are modelled by `megatron-rl plan` but the driver runs colocated engines only "
-                "for now; set layout.placement=colocated",
-                "driver",
+                "synchrony",
+                layout.synchrony,
+                "asynchrony overlaps generation with training, and colocated engines share the trainer's "
+                "devices: there is nothing to overlap. Set layout.synchrony=sync, or layout.placement=separated",
             )
         )
-    if layout.synchrony == "one_step_async":
-        if layout.colocated:
-            out.append(
-                _p(
-                    "synchrony",
-                    layout.synchrony,
-                    "one-step asynchrony overlaps generation with training, which needs separated pools; "
-                    "set layout.synchrony=sync or layout.placement=separated",
-                )
-            )
-        else:
-            out.append(
-                _p(
-                    "synchrony",
-                    layout.synchrony,
-                    "the driver runs synchronously for now (the planner models the overlap); set layout.synchrony=sync",
-                    "driver",
-                )
-            )
     return out
 
 

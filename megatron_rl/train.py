@@ -24,8 +24,8 @@ import torch
 from megatron_rl.check import validate_recipe
 from megatron_rl.checkpoint.preempt import EXIT_REQUEUE, Preemption
 from megatron_rl.config.load import load_recipe
-from megatron_rl.loop import components, old_policy
-from megatron_rl.loop.collect import collect_batch
+from megatron_rl.loop import components, engine_pool, old_policy
+from megatron_rl.loop.feed import Feed
 from megatron_rl.loop.publication import RefusalPolicy
 from megatron_rl.loop.rl_batch import (
     advantages_with_kl,
@@ -50,28 +50,36 @@ def main(argv: list[str] | None = None) -> int:
     seed_everything(cfg.seed)
     procs, run = start_run(cfg)  # the process groups; the run's records, console and sinks
 
+    if not procs.is_trainer:  # an engine rank of a separated job (loop/pools.py)
+        return engine_pool.serve(cfg, procs, run)
+
     # ---- setup: trainer, reference, engines, reward pool, publisher, checkpoints ----
     with run.phase("init"):
         policy = build_policy(cfg, procs.state, with_optimizer=True)
         reference = frozen_copy(policy, cfg, procs.state) if algo.kl_coef > 0 else None
-        # The engine claims its share of the device at construction: the trainer steps aside until it sleeps.
-        timeshare = TimeShare.start(
-            partial(components.build_engine, cfg, procs, run.dir),
-            policy.optimizer,
-            policy.ddp,
-            reference,
-            run.note_memory,
-        )
-        engine, (engine_index, is_leader) = timeshare.engine, components.engine_role(procs)
+        colocated = None
+        if procs.layout.colocated:
+            # The engine claims its share of the device at construction: the trainer steps aside until it sleeps.
+            timeshare = TimeShare.start(
+                partial(components.build_engine, cfg, procs, run.dir),
+                policy.optimizer,
+                policy.ddp,
+                reference,
+                run.note_memory,
+            )
+            engine_index, is_leader = components.engine_role(procs)
+            pool = components.build_reward_pool(cfg, is_leader)
+            colocated = (timeshare, timeshare.engine, engine_index, is_leader, pool)
         task = components.build_task(cfg)
-        pool = components.build_reward_pool(cfg, is_leader)
-        publisher = components.build_publisher(cfg, procs.layout, engine)
+        engine = colocated[1] if colocated else None
+        publisher = components.build_publisher(cfg, procs.layout, engine, group=procs.job_group)
         refusals = RefusalPolicy(publisher, ro.on_refused_publication, ro.max_refused_publications)
         checkpointer = components.build_checkpointer(cfg, procs, run.name)
         save_every = components.checkpoint_interval(cfg)
         start = components.resume(cfg, procs, run, policy, reference, task)  # 0 unless a checkpoint is found
         preemption = Preemption(procs.cpu_group)
-    publisher.next_version = start + 1  # step s samples from version s + 1
+    publisher.next_version = start + 1  # step s samples from version s + 1 (at most k older when async)
+    feed = Feed(cfg, procs, run, policy, task, refusals, start, colocated)
     temp = components.trainer_temperature(ro)  # trainer log-probs follow the engine's convention
     if start >= cfg.steps:
         run.say(
@@ -82,18 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     preempted = False
 
     for step in range(start, cfg.steps):
-        # 0. hand the device to the engine: the trainer offloads, the engine wakes, the policy lands
-        #    (a refused version never lands: the active one keeps serving; see RefusalPolicy)
+        # 0. publish: colocated, hand the device to the engine (the trainer offloads, the engine wakes, the
+        #    policy lands); separated, send it to the engine pool. A refused version never lands: the active
+        #    one keeps serving (RefusalPolicy). Asynchronous, the engines already drew this step's batch.
         with run.phase("publish"):
-            publication = timeshare.to_rollout(
-                partial(refusals.publish, policy.named_parameters_global, step)
-            )
+            publication = feed.publish(step)
 
-        # 1. generate and score (streamed), then every rank sees every sample
-        samples, stats, rounds = collect_batch(
-            cfg, engine, engine_index, is_leader, task, pool, run.timer, step
-        )
-        timeshare.to_train()  # the engine sleeps; the trainer takes the device back
+        # 1. generate and score (streamed; separated: on the engine ranks), then every rank sees every sample
+        samples, stats, rounds = feed.batch(step)
+        lag = feed.lag(samples, step)  # 0 when synchronous; at most rollout.max_staleness when async
 
         # 2. old-policy and reference log-probs of this DP rank's samples, before any update. The old ones
         #    are recomputed, or (algorithm.old_logprobs) taken from the engines, or, with one minibatch,
@@ -147,25 +152,28 @@ def main(argv: list[str] | None = None) -> int:
                 out, forward = out
                 agreement = compare([samples[i] for i in idx], forward, ro.logprob_check_threshold)
             train_metrics.append(out)
+        feed.after_train(step)  # asynchronous: the batch the engines drew meanwhile, k steps ahead
 
         metrics = step_metrics(samples, stats, agreement, train_metrics, publication, run)
-        run.record(step + 1, {**metrics, "sampling_rounds": rounds, "old_logprobs": source})
+        extra = {"sampling_rounds": rounds, "old_logprobs": source, "version_lag": lag}
+        extra["rollout_wait_s"] = feed.take_wait()  # separated: the trainer idle, waiting on the engines
+        run.record(step + 1, {**metrics, **extra})
         preempted = preemption.requested()
         checkpointer.poll()
         if components.save_due(save_every, cfg.steps, step + 1, preempted):
-            checkpointer.save(
-                step + 1, policy, reference, components.run_state(cfg, procs.layout, task, step + 1)
-            )
+            state = components.run_state(cfg, procs.layout, feed.task_state(step + 1), step + 1)
+            checkpointer.save(step + 1, policy, reference, state)
         if preempted:
+            feed.stop()
             break
 
     checkpointer.close()
-    if pool is not None:
-        pool.close()
+    if colocated is not None and colocated[4] is not None:
+        colocated[4].close()
     run.finish()
     # Every rank finishes its writes before any exits: srun --kill-on-bad-exit stops the others as soon as
     # one rank exits non-zero (EXIT_REQUEUE included).
-    torch.distributed.barrier()
+    torch.distributed.barrier(group=procs.job_cpu_group)
     return EXIT_REQUEUE if preempted else 0
 
 

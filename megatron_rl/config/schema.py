@@ -73,7 +73,8 @@ class LayoutConfig:
     placement: str = (
         "colocated"  # colocated | separated (engines on engine_tp x engine_count GPUs of their own)
     )
-    synchrony: str = "sync"  # sync | one_step_async
+    # sync | async (separated only: the engines draw up to rollout.max_staleness batches ahead)
+    synchrony: str = "sync"
 
 
 @dataclass
@@ -132,6 +133,9 @@ class RolloutConfig:
     # step record says so); retry = publish again at once, ending the run after that many in a row.
     on_refused_publication: str = "stop"  # stop | skip | retry
     max_refused_publications: int = 3
+    # layout.synchrony=async: how many steps the engines may run ahead of the trainer (k >= 1); every
+    # batch is then trained at most k updates after the policy that sampled it (loop/schedule.py)
+    max_staleness: int = 1
 
 
 @dataclass

@@ -5,6 +5,10 @@ TP-rank-0 process streams its finished samples into its share of the reward pool
 keeps generating, so scoring hides behind generation; only what is still being scored when the
 last sample finishes shows up as the `scoring` phase. Then every rank receives every scored sample
 (all_gather of small Python objects) in prompt-major order.
+
+Separated placement (loop/pools.py): the engine ranks generate and the trainer ranks take part in the
+same calls with no engine (`engine=None`): the gathers then run over the job's host group and carry,
+besides the samples, the first engine's CollectStats, which the trainer's step record reports.
 """
 
 from __future__ import annotations
@@ -91,13 +95,17 @@ def generate_and_score(
     return out
 
 
-def gather_all(local: list[Sample]) -> list[Sample]:
-    """Every rank's scored samples on every rank, prompt-major (the order group advantages need)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        parts: list[list[Sample] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, local)
-        local = [s for p in parts for s in (p or [])]
-    return sorted(local, key=lambda s: (s.prompt_index, s.sample_index))
+def gather_all(
+    local: list[Sample], group=None, stats: CollectStats | None = None
+) -> tuple[list[Sample], CollectStats | None]:
+    """Every rank's scored samples on every rank, prompt-major (the order group advantages need), and
+    the first `stats` any rank passed (a separated job's trainer ranks have none of their own)."""
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        parts: list[tuple | None] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(parts, (local, stats), group=group)
+        local = [s for p in parts for s in (p[0] if p else [])]
+        stats = next((p[1] for p in parts if p and p[1] is not None), None)
+    return sorted(local, key=lambda s: (s.prompt_index, s.sample_index)), stats
 
 
 def _groups(samples: list[Sample]) -> list[list[Sample]]:
@@ -107,8 +115,11 @@ def _groups(samples: list[Sample]) -> list[list[Sample]]:
     return [out[k] for k in sorted(out)]
 
 
-def collect_batch(cfg, engine, engine_index: int, is_leader: bool, task, pool, timer, step: int):
+def collect_batch(cfg, engine, engine_index: int, is_leader: bool, task, pool, timer, step: int, group=None):
     """One step's batch: `data.prompts_per_step` groups of `samples_per_prompt` scored samples.
+
+    `engine` None: a separated job's trainer rank, which receives the batch; `group` is then the job's
+    host group (loop/pools.py), over which every gather of this call runs.
 
     With `algorithm.dynamic_sampling`, groups whose rewards are all equal (no learning signal) are set
     aside and more prompts are drawn, up to `max_resample_rounds` extra rounds; if the rounds run out,
@@ -124,20 +135,27 @@ def collect_batch(cfg, engine, engine_index: int, is_leader: bool, task, pool, t
     drawn, rounds, want = 0, 0, target
     while want > 0:
         prompts = task.draw(want)
-        mine = engine_prompts(len(prompts), engine_index, cfg.layout.engine_count)
-        local = generate_and_score(
-            engine,
-            is_leader,
-            [prompts[i] for i in mine],
-            mine,
-            n,
-            task,
-            pool,
-            timer,
-            stats,
-            call_id=step * 1000 + rounds,
-        )
-        groups = _groups(gather_all(local))
+        local = []
+        if engine is not None:
+            mine = engine_prompts(len(prompts), engine_index, cfg.layout.engine_count)
+            local = generate_and_score(
+                engine,
+                is_leader,
+                [prompts[i] for i in mine],
+                mine,
+                n,
+                task,
+                pool,
+                timer,
+                stats,
+                call_id=step * 1000 + rounds,
+            )
+        # The first engine's leader speaks for the engines' timing when the trainer has none of its own.
+        own = stats if engine is not None and is_leader and engine_index == 0 else None
+        gathered, theirs = gather_all(local, group, own if group is not None else None)
+        if engine is None and theirs is not None:
+            stats = theirs
+        groups = _groups(gathered)
         if not algo.dynamic_sampling:
             kept = groups
             break

@@ -24,17 +24,24 @@ log = logging.getLogger(__name__)
 
 
 def build_engine(cfg, procs: Processes, run_dir: Path):
-    """This rank's part of a colocated vLLM engine (its place among the engines: `engine_role`); its
-    config goes next to the run directory `run_dir`."""
+    """This rank's part of a vLLM engine (its place among the engines: `engine_role`), colocated with a
+    trainer rank or on an engine rank of a separated job; its config goes next to the run directory.
+
+    Collective over the default world: every rank when colocated, the engine pool when separated (vLLM
+    builds its groups from the default world, and there it must see the pool's ranks: loop/pools.py)."""
+    import os
+
     from megatron_rl.models.tiny import hf_config
     from megatron_rl.rollout.vllm_engine import VLLMEngine
 
-    lay = (
-        cfg.layout
-    )  # colocated: a separated placement was refused by the recipe check (megatron_rl/check.py)
+    lay = cfg.layout
     spec = ModelSpec.from_config(cfg.model)
     model_dir = run_dir.parent / f".{run_dir.name}-engine-config"
-    if procs.is_main:
+    if procs.pools is not None:
+        from megatron_rl.loop.pools import pool_env_for_engine
+
+        os.environ.update(pool_env_for_engine(procs.pools))
+    if procs.rank == procs.layout.engine_ranks(0)[0]:
         # The engine starts from a config alone (dummy weights); version 0 is published before it serves.
         model_dir.mkdir(parents=True, exist_ok=True)
         hf_config(spec, hf_dtype_name(spec.params_dtype)).save_pretrained(model_dir)
@@ -65,7 +72,7 @@ def checkpoint_stop_ids(model) -> list[int]:
 def engine_role(procs: Processes) -> tuple[int, bool]:
     """(engine_index, is_leader): which engine this rank belongs to, and whether it is its first TP rank."""
     coord = procs.layout.engine_coord(procs.rank)
-    if coord is None:  # separated placement: refused by check() before anything is built
+    if coord is None:  # a separated job's trainer rank
         raise RuntimeError(f"rank {procs.rank} holds no engine in {procs.layout.describe()}")
     return coord.engine, coord.is_leader
 
@@ -93,21 +100,26 @@ def build_reward_pool(cfg, is_leader: bool):
     return RewardPool(replace(cfg.reward, workers=share))
 
 
-def build_publisher(cfg, layout: ParallelLayout, engine):
-    """Reshard trainer shards into the engine's layout; the vLLM sink validates before activating."""
+def build_publisher(cfg, layout: ParallelLayout, engine, group=None):
+    """Reshard trainer shards into the engine's layout; the vLLM sink validates before activating.
+    `engine` None: a separated job's trainer rank (it sends, holds no sink); `group`: the job group
+    there (loop/pools.py), the default group when colocated."""
     from megatron_rl.reshard.plan import Links
     from megatron_rl.reshard.publish import Publisher
     from megatron_rl.rollout.sink import VLLMEngineSink
 
     spec = ModelSpec.from_config(cfg.model)
+    import torch
+
     links = Links.from_cluster(cfg.cluster)
-    delivery = delivery_for(engine.on_gpu)
+    delivery = delivery_for(engine.on_gpu if engine is not None else torch.cuda.is_available())
     return Publisher(
         layout,
         spec,
-        sink=VLLMEngineSink(engine, delivery=delivery),
+        sink=VLLMEngineSink(engine, delivery=delivery) if engine is not None else None,
         delivery=delivery,
         links=links,
+        group=group,
     )
 
 
@@ -142,11 +154,13 @@ def resume(cfg, procs: Processes, run: RunLog, policy, reference, task) -> int:
     return int(state["step"])
 
 
-def run_state(cfg, layout: ParallelLayout, task, step: int) -> dict:
+def run_state(cfg, layout: ParallelLayout, task_state: dict, step: int) -> dict:
+    """What a checkpoint after `step` steps keeps besides the weights. `task_state`: the task's position
+    before the batch of `step` was drawn (loop/feed.py: engines that run ahead have drawn further)."""
     return {
         "step": step,
         "version": step,  # samples of step s (0-based) are drawn with version s
-        "task": task.state(),
+        "task": task_state,
         "world_size": dist.get_world_size(),
         "layout": layout.sizes(),
         "seed": cfg.seed,

@@ -35,6 +35,7 @@ class RunLog:
         self.records: list[dict] = []
         self.switch_memory: dict[str, dict[str, float]] = {}
         self.switch_times: dict[str, float] = {}
+        self._last_record: float | None = None
         self.jsonl = self.spans = self.wandb = self.progress = None
         # The console's copy into log.txt adds the rank to every line.
         logging.basicConfig(
@@ -65,6 +66,7 @@ class RunLog:
             self.console.say(text)
 
     def start_progress(self, first_step: int) -> None:
+        self._last_record = time.perf_counter()
         if self.is_main:
             self.progress = Progress(
                 self.recipe.steps, self.recipe.logger.progress, initial=first_step, file=self.console.terminal
@@ -82,6 +84,12 @@ class RunLog:
         record["switch_seconds"] = switch_seconds(self.switch_times)
         self.switch_memory, self.switch_times = {}, {}
         record["step_seconds"] = sum(p["seconds"] for p in phases.values())
+        # Wall time since the previous step ended: the step time when phases overlap (separated, async),
+        # where the sum of phase maxima above counts the overlapped seconds twice.
+        now = time.perf_counter()
+        if self._last_record is not None:
+            record["wall_seconds"] = round(now - self._last_record, 6)
+        self._last_record = now
         if self.is_main:
             self.records.append(record)
             self.jsonl.write(record)

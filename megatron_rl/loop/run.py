@@ -66,5 +66,5 @@ def start_run(recipe) -> tuple[Processes, RunLog]:
         out.say(header(recipe, run_dir))
     procs = Processes.start(recipe)
     runlog = RunLog(recipe, run_dir, out, procs.is_main, procs.cpu_group)
-    dist.barrier()  # rank 0 has made the run directory and opened the sinks
+    dist.barrier(group=procs.job_cpu_group)  # rank 0 has made the run directory and opened the sinks
     return procs, runlog

@@ -41,6 +41,17 @@ def trainer_flops(spec, samples: list[Sample], forwards: int) -> float:
     return forwards * total
 
 
+def prompt_digest(samples: list[Sample]) -> str:
+    """A short hash of the step's prompts (token ids, prompt-major, one per group)."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=8)
+    for s in samples:
+        if s.sample_index == 0:
+            h.update(repr(s.prompt_ids).encode())
+    return h.hexdigest()
+
+
 def completion_stats(samples: list[Sample]) -> dict:
     """Completion lengths and how completions ended: `stop_fraction` is the share that ended at a stop
     id (finish reason "stop"); the rest hit the length cap. A stop fraction near 0 with the mean near
@@ -71,7 +82,10 @@ def step_metrics(
     tails = [generation_tail_seconds(f, t) for f, t in zip(stats.finish_s, stats.call_s)]
     return {
         "version": versions[0] if len(versions) == 1 else versions,
-        "published_version": publication.version,
+        # Which prompts this step trained, in order: a resumed run must train the same ones (none lost,
+        # none twice), whatever the engines had drawn ahead when it stopped (loop/feed.py).
+        "prompt_digest": prompt_digest(samples),
+        "published_version": publication.version if publication is not None else None,
         "reward": {
             "mean": m,
             "std": (sum((r - m) ** 2 for r in rewards) / len(rewards)) ** 0.5,
@@ -106,16 +120,28 @@ def step_metrics(
         # Means over the step's optimizer steps (one per minibatch); `lr` is the scheduled learning rate.
         "train": {
             k: _mean([t[k] for t in train if k in t])
-            for k in ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "grad_norm", "lr")
+            for k in (
+                "loss",
+                "pg_loss",
+                "kl",
+                "clip_fraction",
+                "ratio_mean",
+                "is_weight_mean",
+                "grad_norm",
+                "lr",
+            )
             if any(k in t for t in train)
         },
-        "publication": {
+        "publication": None
+        if publication is None  # asynchronous: the last steps publish nothing (loop/schedule.py)
+        else {
             "activated": bool(publication.activated),
             "active_version": publication.active_version,
             "attempts": int(publication.attempts),
             "refused": list(publication.problems[:10]),  # every rank's problems, empty when activated
             "action": publication.action,
             "bytes_received": int(sum(publication.stats.recv.values())),
+            "bytes_sent": int(sum(publication.stats.sent.values())),  # rank 0's (separated: to the engines)
             "bytes_local": int(publication.stats.local),
             "bytes_staged": int(publication.bytes_staged),
             "seconds": float(publication.seconds.get("total", 0.0)),

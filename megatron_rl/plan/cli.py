@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             recipe = recipe_of_run(args.from_steps)
         else:
             recipe = load_recipe(args.recipe, args.overrides)
-        # The driver's own check; the planner still sizes layouts the driver cannot run yet (separated,
-        # asynchronous) and memory that does not fit (the report shows where it goes).
+        # The driver's own check; the planner still sizes layouts the driver cannot run yet (top-p/top-k
+        # truncated sampling, context parallelism) and memory that does not fit (the report shows where).
         problems = refused(check_recipe(recipe, read_data=False), "plan")
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)

@@ -233,6 +233,6 @@ def compare_splits(inp: PlanInputs, layout: ParallelLayout) -> list[Cycle]:
             engine_count=engine_gpus // layout.engine_tp,
         )
         sep = lightest_fitting(inp, sep)
-        for mode in ("sync", "one_step_async"):
+        for mode in ("sync", "async"):
             out.append(cycle(inp, sep.with_(synchrony=mode)))
     return out

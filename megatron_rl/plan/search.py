@@ -28,7 +28,7 @@ def structural_reason(inp: PlanInputs, layout: ParallelLayout) -> str | None:
     """Why a layout cannot run at all, before any memory is counted; None if it can.
 
     The rules are the run's own (`ParallelLayout.check`, what `validate` applies to a recipe), minus
-    what only the driver lacks today (separated pools); a collective that would cross nodes is named
+    what only the driver lacks today (kind "driver"); a collective that would cross nodes is named
     first. One rule is the search's own: a DP rank with no sequence of a minibatch would sit idle.
     """
     problems = [p for p in layout.check(inp.spec, inp.hw) if p.kind == "recipe"]
@@ -109,7 +109,7 @@ def search(inp: PlanInputs, total_gpus: int | None = None) -> dict:
             continue
         accepted.append(cyc)
         if not lay.colocated:  # the same pools, pipelined: identical phases, a different step
-            accepted.append(dataclasses.replace(cyc, layout=lay.with_(synchrony="one_step_async")))
+            accepted.append(dataclasses.replace(cyc, layout=lay.with_(synchrony="async")))
     accepted.sort(key=lambda c: (c.step_s, c.memory["peak"]))
     kinds: dict[str, int] = {}
     for r in rejected:

@@ -135,12 +135,18 @@ class Publisher:
         device: torch.device | str | None = None,
         algorithm: str | None = None,
         direct_min_bytes: int = DIRECT_MIN_BYTES,
+        group: dist.ProcessGroup | None = None,
     ):
+        """`group`: the ranks the layout numbers, by their layout rank: the default group (None) when
+        colocated, the job group of a separated job (loop/pools.py), where the default world is a pool."""
+        self.group = group
         self.dtype = dtype or torch_dtype(spec.params_dtype)
         itemsize = torch.empty(0, dtype=self.dtype).element_size()
         self.plan: ReshardPlan = build_plan(layout, spec, delivery, links, itemsize)
         self.sink, self.bucket_bytes, self.direct_min_bytes = sink, bucket_bytes, direct_min_bytes
-        on_gpu = torch.cuda.is_available() and (not dist.is_initialized() or dist.get_backend() == "nccl")
+        on_gpu = torch.cuda.is_available() and (
+            not dist.is_initialized() or dist.get_backend(group) == "nccl"
+        )
         self.device = torch.device(device) if device else torch.device("cuda" if on_gpu else "cpu")
         self.algorithm = algorithm or default_algorithm(self.device)
         digest_size(self.algorithm)  # refuse an unknown algorithm now, not mid-publication
@@ -152,6 +158,8 @@ class Publisher:
 
     @property
     def rank(self) -> int:
+        if self.group is not None:
+            return self.group.rank()  # not dist.get_rank(group): see loop/pools.py
         return dist.get_rank() if dist.is_initialized() else 0
 
     def publish(
@@ -187,6 +195,7 @@ class Publisher:
             recv_hook,
             direct_min_bytes=self.direct_min_bytes,
             device=self.device,
+            group=self.group,
         )
         t2 = time.perf_counter()
         problems, manifest = [], None
@@ -230,7 +239,7 @@ class Publisher:
         holds = self.sink is None or getattr(self.sink, "holds_weights", True)
         if dist.is_initialized():
             flag = torch.tensor([1 if holds else 0], device=self._comm_device())
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
             holds = bool(flag.item())
         return self.last_activated if holds else None
 
@@ -337,12 +346,12 @@ class Publisher:
         if not dist.is_initialized():
             return problems
         flag = torch.tensor([1 if problems else 0], device=self._comm_device())
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         if not flag.item():
             return []
-        every: list[list[str]] = [[] for _ in range(dist.get_world_size())]
-        dist.all_gather_object(every, problems)
+        every: list[list[str]] = [[] for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather_object(every, problems, group=self.group)
         return [p for ps in every for p in ps]
 
     def _comm_device(self) -> torch.device:
-        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        return self.device if dist.get_backend(self.group) == "nccl" else torch.device("cpu")

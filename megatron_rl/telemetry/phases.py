@@ -102,6 +102,13 @@ class PhaseTimer:
             else:
                 s.mem_gib = max(s.mem_gib, cpu_peak_gib())
 
+    def add(self, name: str, seconds: float) -> None:
+        """Count seconds spent elsewhere in this step's phase `name`: a separated job's trainer records
+        the engines' generation and scoring, which ran on the engine ranks (loop/feed.py)."""
+        s = self.stats.setdefault(name, PhaseStats())
+        s.seconds += seconds
+        s.calls += 1
+
     def take(self) -> dict[str, PhaseStats]:
         """This step's stats, and start a new step."""
         out, self.stats = self.stats, {}

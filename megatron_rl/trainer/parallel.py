@@ -86,17 +86,24 @@ def launched_world() -> int:
 
 
 def init_parallel(
-    layout: ParallelLayout, seed: int = 1234, timeout_s: float = DEFAULT_TIMEOUT_S
+    layout: ParallelLayout,
+    seed: int = 1234,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    pool_env: DistEnv | None = None,
 ) -> ParallelState:
-    """Initialise torch.distributed (if not yet) and megatron-core's model-parallel groups at `layout`."""
+    """Initialise torch.distributed (if not yet) and megatron-core's model-parallel groups at `layout`.
+
+    `pool_env`: a separated job's trainer pool (loop/pools.py), whose default world is already up and
+    holds the trainer ranks alone; megatron-core's groups are then built inside it."""
     from megatron_rl.trainer import device_guard
     from megatron_rl.trainer.cpu_compat import apply_cpu_patches, cuda_available
 
     if timeout_s <= 0:
         raise ValueError(f"process-group timeout must be > 0 s (cluster.dist_timeout_s); got {timeout_s}")
     device_guard.install_from_env()  # before any group exists, so every group's kind is recorded
-    env = from_env()
-    env.export()
+    env = pool_env or from_env()
+    if pool_env is None:
+        env.export()
     if env.world_size != layout.trainer_world:
         raise ValueError(
             f"{env.world_size} processes were launched for a trainer of tp x pp x dp x cp = "
@@ -110,6 +117,10 @@ def init_parallel(
     else:
         torch.cuda.set_device(env.local_rank)
     if not dist.is_initialized():
+        if not layout.colocated:
+            raise RuntimeError(
+                "a separated layout's trainer pool is made by loop/pools.py (start_pools) before init_parallel"
+            )
         dist.init_process_group(
             backend="nccl" if on_gpu else "gloo",
             rank=env.rank,

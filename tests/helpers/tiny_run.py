@@ -28,8 +28,9 @@ def launch(
     wait: bool = True,
     timeout: float = 900,
     env: dict | None = None,
+    recipe: str = "grpo_tiny_cpu",
 ):
-    """Start `python -m megatron_rl.launch_local grpo_tiny_cpu` with outputs under tmp.
+    """Start `python -m megatron_rl.launch_local <recipe>` (grpo_tiny_cpu) with outputs under tmp.
 
     The launcher's terminal output (stdout and stderr) goes to tmp/<name>.log."""
     overrides = [
@@ -47,7 +48,7 @@ def launch(
         "PYTHONPATH": str(REPO),
         **(env or {}),
     }
-    cmd = [sys.executable, "-m", "megatron_rl.launch_local", "grpo_tiny_cpu", *overrides]
+    cmd = [sys.executable, "-m", "megatron_rl.launch_local", recipe, *overrides]
     log = (tmp / f"{name}.log").open("a")
     proc = subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True

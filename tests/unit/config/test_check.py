@@ -104,7 +104,6 @@ def test_the_shipped_values_pass():
 
 # Settings the training driver cannot run yet: refused by validate (kind "driver"), modelled by the planner.
 DRIVER_ONLY = [
-    (["layout.placement=separated", "cluster.nodes=2"], "layout.placement"),  # trainer 2 + engines 2
     (["rollout.top_p=0.9"], "rollout.top_p"),
     (["rollout.top_k=20"], "rollout.top_k"),
     (["layout.cp=2", "layout.dp=1", "layout.tp=1", "cluster.gpus_per_node=2"], "layout.cp"),
@@ -121,8 +120,34 @@ def test_what_the_driver_refuses_validate_refuses_and_the_planner_models(overrid
 
 
 def test_async_needs_separated_pools():
-    colocated = check_recipe(load_recipe("grpo_tiny_cpu", ["layout.synchrony=one_step_async"]))
+    colocated = check_recipe(
+        load_recipe("grpo_tiny_cpu", ["layout.synchrony=async", "algorithm.truncated_is_cap=2"])
+    )
     assert [(p.key, p.kind) for p in colocated] == [("layout.synchrony", "recipe")]
+    assert "nothing to overlap" in colocated[0].message
+
+
+def test_separated_pools_validate_sync_and_async():
+    assert check_recipe(load_recipe("grpo_tiny_cpu_separated")) == []
+    assert check_recipe(load_recipe("grpo_tiny_cpu_separated", ["layout.synchrony=async"])) == []
+    # the 2-process demo's pools as 2 trainer + 2 engine ranks on two "nodes"
+    two = ["layout.placement=separated", "cluster.nodes=2", "algorithm.truncated_is_cap=2"]
+    assert check_recipe(load_recipe("grpo_tiny_cpu", two)) == []
+
+
+def test_async_without_an_off_policy_correction_is_refused():
+    """The loss would treat one-update-old samples as on-policy: refused, and the fix is named."""
+    problems = check_recipe(
+        load_recipe("grpo_tiny_cpu_separated", ["layout.synchrony=async", "algorithm.truncated_is_cap=0"])
+    )
+    assert [p.key for p in problems] == ["algorithm.truncated_is_cap"], problems
+    assert "truncated_is_cap" in problems[0].message and "old_logprobs=engine" in problems[0].message
+    # the engines' own log-probs as the old ones: the clipped ratio is then against the behaviour policy
+    ok = ["layout.synchrony=async", "algorithm.truncated_is_cap=0", "algorithm.old_logprobs=engine"]
+    assert check_recipe(load_recipe("grpo_tiny_cpu_separated", ok)) == []
+    assert [
+        p.key for p in check_recipe(load_recipe("grpo_tiny_cpu_separated", ["rollout.max_staleness=0"]))
+    ] == ["rollout.max_staleness"]
 
 
 def test_missing_files_are_refused_by_the_driver_and_noted_by_validate(tmp_path):

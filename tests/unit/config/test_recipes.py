@@ -10,7 +10,7 @@ import pytest
 from megatron_rl.check import ConfigError, validate_recipe
 from megatron_rl.config.load import RECIPES_DIR, RecipeError, load_recipe, shipped_recipes
 
-EXPECTED_RECIPES = 5  # bump when a recipe is added: the glob below must find exactly these
+EXPECTED_RECIPES = 6  # bump when a recipe is added: the glob below must find exactly these
 
 
 def test_recursive_glob_finds_every_recipe():
@@ -22,6 +22,7 @@ def test_recursive_glob_finds_every_recipe():
         "grpo_llama3.1-70b_8n8g",
         "grpo_qwen2.5-7b_1n8g",
         "grpo_tiny_hf_cpu",
+        "grpo_tiny_cpu_separated",
     }
 
 

@@ -78,7 +78,7 @@ def test_serial_and_overlapped_cycles():
         **CANDIDATE,
     )
     assert cycle(inp, sep).step_s == cycle(inp, sep).serial_s
-    asyn = cycle(inp, sep.with_(synchrony="one_step_async"))
+    asyn = cycle(inp, sep.with_(synchrony="async"))
     assert asyn.step_s == asyn.overlapped_s < asyn.serial_s
     assert "switch" not in asyn.phases
 

@@ -20,7 +20,7 @@ def test_search_ranks_fitting_layouts_of_all_gpus(ref):
         assert memory_fit(inp, c.layout)["fits"]
     # colocated and separated layouts, both synchronies, are all considered
     kinds = {(c.layout.placement, c.layout.synchrony) for c in ranked}
-    assert kinds == {("colocated", "sync"), ("separated", "sync"), ("separated", "one_step_async")}
+    assert kinds == {("colocated", "sync"), ("separated", "sync"), ("separated", "async")}
 
 
 def test_layouts_that_do_not_fit_are_rejected_with_the_reason(ref):

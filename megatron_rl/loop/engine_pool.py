@@ -1,0 +1,69 @@
+"""An engine rank of a separated job: take each publication, generate, score, send the batch.
+
+The trainer ranks run `train.py`'s loop; these ranks walk the same meetings (loop/schedule.py) from
+the other side: a control word from job rank 0 (go on, or stop: a preempted run), the publication
+(reshard over the job group, staged, validated, activated: the same Publisher and refusal policy as a
+colocated run), then the batches due, generated with the version just activated, scored in this
+engine leader's share of the reward pool and gathered to every trainer rank (loop/collect.py).
+
+Nothing here is saved in checkpoints: an engine holds only the published policy and the task's
+position, both of which the trainer sends at start (loop/feed.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import torch.distributed as dist
+
+from megatron_rl.loop import components, schedule
+from megatron_rl.loop.collect import collect_batch
+from megatron_rl.loop.feed import STOP, control
+from megatron_rl.loop.publication import RefusalPolicy
+
+log = logging.getLogger(__name__)
+
+
+def serve(cfg, procs, run) -> int:
+    ro = cfg.rollout
+    with run.phase("init"):
+        engine = components.build_engine(cfg, procs, run.dir)
+        engine_index, is_leader = components.engine_role(procs)
+        task = components.build_task(cfg)
+        pool = components.build_reward_pool(cfg, is_leader)
+        publisher = components.build_publisher(cfg, procs.layout, engine, group=procs.job_group)
+        refusals = RefusalPolicy(publisher, ro.on_refused_publication, ro.max_refused_publications)
+    box = [None, None]
+    dist.broadcast_object_list(box, src=0, group=procs.job_cpu_group)  # from the trainer's Feed
+    start, task_state = box
+    task.load_state(task_state)
+    publisher.next_version = start + 1
+    _ignore_preemption_signals()  # the trainer saves and tells us to stop; we must not die first
+    k = schedule.staleness(cfg.layout, ro)
+    try:
+        for step in range(start, cfg.steps):
+            if control(procs, None) == STOP:
+                break
+            if schedule.publish_due(step, start, k, cfg.steps):
+                with run.phase("publish"):
+                    refusals.publish(list, step)  # an engine rank sends nothing
+            due = schedule.batches_before_train(step, start, k, cfg.steps)
+            for t in due + schedule.batches_after_train(step, k, cfg.steps):
+                collect_batch(
+                    cfg, engine, engine_index, is_leader, task, pool, run.timer, t, group=procs.job_cpu_group
+                )
+            run.timer.take(), run.timer.take_spans()  # the trainer records the engines' timing it receives
+    finally:
+        if pool is not None:
+            pool.close()
+    dist.barrier(group=procs.job_cpu_group)
+    return 0
+
+
+def _ignore_preemption_signals() -> None:
+    def note(signum, frame) -> None:
+        log.warning("engine rank got %s: the trainer decides when to stop", signal.Signals(signum).name)
+
+    for s in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(s, note)

@@ -1,0 +1,118 @@
+"""The trainer's side of rollout: publish its weights, get its batches, whatever the placement.
+
+Colocated: the device passes to the engine (time-sharing), the policy lands, this rank's engine
+generates, and the device comes back (rollout/timeshare.py). Separated: the engines live on ranks of
+their own (loop/pools.py, loop/engine_pool.py); the trainer publishes over the job group and receives
+the batches the engines send, in the order loop/schedule.py gives both pools -- synchronously, or k
+steps ahead when asynchronous, so the engines generate step s+k's batch while step s trains.
+
+Checkpoints must not lose or repeat prompts: with the engines ahead, the task has already drawn the
+prompts of batches not trained yet. `task_state(step)` is the task's state from before the batch of
+`step` was drawn, which a checkpoint taken after `step - 1` steps saves; a resumed run draws those
+prompts again, and the engines generate them again with the resumed policy.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import torch.distributed as dist
+
+from megatron_rl.loop import schedule
+from megatron_rl.loop.collect import collect_batch
+
+GO, STOP = "go", "stop"
+
+
+class Feed:
+    def __init__(self, cfg, procs, run, policy, task, refusals, start: int, colocated=None):
+        """`colocated`: (timeshare, engine, engine_index, is_leader, reward_pool) of a colocated rank;
+        None on a separated job's trainer rank."""
+        self.cfg, self.procs, self.run, self.policy, self.task = cfg, procs, run, policy, task
+        self.refusals, self.start, self.colocated = refusals, start, colocated
+        self.k = schedule.staleness(cfg.layout, cfg.rollout)
+        self.batches: dict[int, tuple] = {}  # step -> (samples, stats, rounds), drawn, not yet trained
+        self.task_states: dict[int, dict] = {}
+        self.waited = 0.0
+        self.published_at: dict[int, int] = {}  # activated version -> the step whose policy it holds
+        if colocated is None:  # the engines learn where to start, and from which prompts
+            box = [start, task.state()]
+            dist.broadcast_object_list(box, src=0, group=procs.job_cpu_group)
+
+    # ---- the two meetings ----
+    def publish(self, step: int):
+        """The policy of `step` goes to the engines. Returns the publication's result; None where none is
+        due (asynchronous, the last k steps: no batch would be drawn with it)."""
+        publish = partial(self.refusals.publish, self.policy.named_parameters_global, step)
+        if self.colocated is not None:
+            result = self.colocated[0].to_rollout(publish)
+        else:
+            control(self.procs, GO)
+            result = publish() if schedule.publish_due(step, self.start, self.k, self.cfg.steps) else None
+        if result is not None and result.activated:
+            self.published_at[result.version] = step
+        return result
+
+    def batch(self, step: int) -> tuple:
+        """Step `step`'s scored samples, their CollectStats and the sampling rounds drawn."""
+        if self.colocated is not None:
+            timeshare, engine, engine_index, is_leader, pool = self.colocated
+            self.task_states[step] = self.task.state()
+            out = collect_batch(
+                self.cfg, engine, engine_index, is_leader, self.task, pool, self.run.timer, step
+            )
+            timeshare.to_train()  # the engine sleeps; the trainer takes the device back
+            return out
+        for t in schedule.batches_before_train(step, self.start, self.k, self.cfg.steps):
+            self._receive(t)  # synchronous: this step's; asynchronous, first step: the first k
+        return self.batches.pop(step)
+
+    def after_train(self, step: int) -> None:
+        """Asynchronous: receive the batch the engines drew while this step trained."""
+        if self.colocated is None:
+            for t in schedule.batches_after_train(step, self.k, self.cfg.steps):
+                self._receive(t)
+
+    def lag(self, samples, step: int) -> dict:
+        """How many updates behind the trained policy the samples' versions are: 0 when synchronous
+        (unless a refused publication left an older version serving), at most k when asynchronous."""
+        lags = [step - self.published_at.get(s.version, step) for s in samples]
+        return {"max": max(lags), "mean": sum(lags) / len(lags)}
+
+    def stop(self) -> None:
+        """Tell the engines the run ends early (preemption); they are waiting for the next step."""
+        if self.colocated is None:
+            control(self.procs, STOP)
+
+    def task_state(self, step: int) -> dict:
+        """The task's state before the batch of `step` was drawn (current if it was not drawn yet)."""
+        for old in [s for s in self.task_states if s < step]:
+            del self.task_states[old]
+        return self.task_states.get(step, self.task.state())
+
+    def take_wait(self) -> float:
+        """Seconds this step's trainer waited on the engines' batches (separated placement)."""
+        out, self.waited = self.waited, 0.0
+        return round(out, 6)
+
+    def _receive(self, t: int) -> None:
+        self.task_states[t] = self.task.state()
+        t0 = time.perf_counter()
+        with self.run.phase("rollout_wait"):
+            batch = collect_batch(
+                self.cfg, None, -1, False, self.task, None, self.run.timer, t, group=self.procs.job_cpu_group
+            )
+        self.waited += time.perf_counter() - t0
+        stats = batch[1]
+        # The engines' time, as the step's generation and scoring phases: it ran on the engine ranks.
+        self.run.timer.add("generation", stats.generation_s)
+        self.run.timer.add("scoring", stats.scoring_tail_s)
+        self.batches[t] = batch
+
+
+def control(procs, word: str | None) -> str:
+    """Job rank 0 says whether the run goes on; every rank of the job hears it. Collective."""
+    box = [word]
+    dist.broadcast_object_list(box, src=0, group=procs.job_cpu_group)
+    return box[0]
