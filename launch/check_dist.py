@@ -25,13 +25,26 @@ import time
 from datetime import timedelta
 
 
-def expected_world(recipe_args: list[str]) -> int:
-    """Processes the recipe's layout needs (colocated: the trainer's; separated: trainer + engines)."""
+def recipe_layout(recipe_args: list[str]):
     from megatron_rl.config.load import load_recipe
     from megatron_rl.layout import ParallelLayout
 
     recipe = load_recipe(recipe_args[0], recipe_args[1:])
-    return ParallelLayout.from_config(recipe.layout).world_size
+    return ParallelLayout.from_config(recipe.layout)
+
+
+def expected_world(recipe_args: list[str]) -> int:
+    """Processes the recipe's layout needs (colocated: the trainer's; separated: trainer + engines)."""
+    return recipe_layout(recipe_args).world_size
+
+
+def roles(recipe_args: list[str], world: int) -> list[str]:
+    """What each rank would be in the recipe's run: "trainer+engine" (colocated), or "trainer" / "engine"
+    (separated: the trainer's ranks first, then the engines'; loop/pools.py)."""
+    lay = recipe_layout(recipe_args)
+    if lay.colocated:
+        return ["trainer+engine"] * world
+    return ["trainer" if lay.is_trainer(r) else "engine" for r in range(world)]
 
 
 def usr1_catcher() -> list[float]:
@@ -102,6 +115,7 @@ def main(argv: list[str]) -> int:
         if argv:
             need = expected_world(argv)
             report["recipe_world"] = need
+            report["roles"] = roles(argv, world)
             if need != world:
                 problems.append(f"the recipe's layout needs {need} processes, the launch started {world}")
         report["problems"] = problems

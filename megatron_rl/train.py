@@ -11,6 +11,12 @@ Each step:
   4. k minibatches, one optimizer step each: clipped surrogate + KL to the reference;
   5. publish (at the top of the next step, as the device passes back to the engine): reshard the
      trainer's shards into the engines' layout, in memory; stage, validate, activate.
+
+Separated placement (`layout.placement=separated`): the engines run on ranks of their own, which walk
+loop/engine_pool.py instead of this loop; publication and batches cross over the job group
+(loop/pools.py, loop/feed.py). Asynchronous (`layout.synchrony=async`), the engines draw the batch of
+step s+k while step s trains (loop/schedule.py), and the loss corrects for the lag with truncated
+importance sampling against the engines' own log-probs.
 """
 
 from __future__ import annotations

@@ -94,6 +94,10 @@ def start_pools(layout: ParallelLayout, backend: str, timeout_s: float, env: Dis
     if dist.is_initialized():
         raise RuntimeError("torch.distributed is already up: separated pools must make the default world")
     env.export()  # env:// reads these
+    if backend == "nccl":
+        import torch
+
+        torch.cuda.set_device(env.local_rank)  # before any NCCL group: one GPU per process
     timeout = timedelta(seconds=timeout_s)
     store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
     if (rank, world) != (env.rank, env.world_size):

@@ -4,8 +4,10 @@ Serial (colocated, or separated and synchronous): every phase waits for the one 
     [switch] + generation + exposed scoring + old/ref log-probs + train + optimizer + publish
 Overlapped (separated, one-step asynchronous): step t+1 is collected while step t is learned, so the
 step takes the larger of the two paths:
-    collection = generation + exposed scoring           (engine GPUs and the CPU pool)
-    learning   = log-prob forwards + train + optimizer + publish   (trainer GPUs)
+    collection = publish + generation + exposed scoring           (engine GPUs and the CPU pool)
+    learning   = publish + log-prob forwards + train + optimizer  (trainer GPUs)
+The publication is on both paths: the engines take part in it (receive, stage, validate, activate)
+between two of their batches, so neither pool works during it (loop/schedule.py).
 
 Compute phases run at the assumed MFU on the trainer GPUs, stretched by two layout effects the MFU
 cannot know: DP imbalance (a minibatch's sequences split unevenly over DP ranks: ceil(B/DP)·DP/B)
@@ -32,7 +34,7 @@ from megatron_rl.plan.scoring import scoring
 
 # The step phases, in the loop's order and with the names its step records use.
 PHASES = ("generation", "scoring", "old_logprobs", "ref_logprobs", "train_fwd_bwd", "optimizer", "publish")
-COLLECTION = ("generation", "scoring")
+COLLECTION = ("generation", "scoring", "publish")
 LEARNING = ("old_logprobs", "ref_logprobs", "train_fwd_bwd", "optimizer", "publish", "other")
 
 

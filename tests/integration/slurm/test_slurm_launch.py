@@ -56,6 +56,28 @@ def test_submit_runs_one_rank_per_gpu_and_delivers_usr1(slurm, tmp_path):
     assert "launcher srun" in log and f"megatron-rl job {job_id} done, exit code 0" in log
 
 
+def test_submit_places_both_pools_of_a_separated_recipe(slurm, tmp_path):
+    """Separated: the job holds the trainer's ranks and then the engines' (1 + 1 here), one task each."""
+    env = {"MEGATRON_RL_ENTRY": CHECK}
+    cmd = [
+        sys.executable,
+        "-m",
+        "megatron_rl.cli",
+        "submit",
+        "grpo_tiny_cpu_separated",
+        "cluster.time_limit=5",
+    ]
+    out = slurm.run(cmd, cwd=tmp_path, env=env).stdout
+    job_id = re.search(r"submitted job (\d+)", out).group(1)
+    job = slurm.wait(job_id, timeout=120)
+    log = slurm.log(job)
+    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), log
+    rep = report(log)
+    assert rep["problems"] == [] and rep["world"] == rep["recipe_world"] == 2
+    assert rep["roles"] == ["trainer", "engine"]
+    assert sorted(r["slurm_procid"] for r in rep["ranks"]) == ["0", "1"]
+
+
 def test_torchrun_per_node_gives_the_same_ranks_and_survives_usr1(slurm, tmp_path):
     env = {"MEGATRON_RL_ENTRY": CHECK, "LAUNCHER": "torchrun", "MEGATRON_RL_CHECK_WAIT_USR1": "60"}
     job_id = slurm.sbatch([*TWO_RANKS, "--output=%x-%j.log", SBATCH, "grpo_tiny_cpu"], cwd=tmp_path, env=env)
