@@ -119,7 +119,7 @@ NUMERIC: dict[str, tuple] = {
     "rollout.seed": GE0,
     "rollout.logprob_check_threshold": GT0,
     "rollout.max_refused_publications": GE1,
-    "rollout.max_staleness": GE1,
+    "rollout.max_staleness": GE0,
     "reward.workers": GE1,
     "reward.timeout_s": GT0,
     "reward.memory_mb": (16, None, True, False),
@@ -294,6 +294,14 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
             "they are the engines' own and every weight is 1: set truncated_is_cap=0, or old_logprobs=auto",
         )
 
+    # The engines meet the trainer once a step (loop/schedule.py) and draw one batch per meeting: more than
+    # one batch ahead would add staleness and no overlap.
+    if lay.synchrony == "async" and ro.max_staleness != 1:
+        bad(
+            "rollout.max_staleness",
+            "must be 1 with layout.synchrony=async: the engines draw one batch per step, between two "
+            "publications, so running further ahead adds lag without more overlap",
+        )
     # Asynchronous batches come from an older policy than the one trained: the loss must correct for it.
     if lay.synchrony == "async" and alg.truncated_is_cap <= 0 and alg.old_logprobs != "engine":
         bad(

@@ -160,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             train_metrics.append(out)
         feed.after_train(step)  # asynchronous: the batch the engines drew meanwhile, k steps ahead
 
+        # Asynchronous, the samples' policy is `lag` updates older than the trainer's: the agreement then
+        # measures that drift too, not only engine/trainer numerics (exact on lag-0 batches: the first).
+        agreement["version_lag"] = lag["max"]
         metrics = step_metrics(samples, stats, agreement, train_metrics, publication, run)
         extra = {"sampling_rounds": rounds, "old_logprobs": source, "version_lag": lag}
         extra["rollout_wait_s"] = feed.take_wait()  # separated: the trainer idle, waiting on the engines
@@ -170,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             state = components.run_state(cfg, procs.layout, feed.task_state(step + 1), step + 1)
             checkpointer.save(step + 1, policy, reference, state)
         if preempted:
-            feed.stop()
+            feed.stop(step)
             break
 
     checkpointer.close()

@@ -133,8 +133,9 @@ class RolloutConfig:
     # step record says so); retry = publish again at once, ending the run after that many in a row.
     on_refused_publication: str = "stop"  # stop | skip | retry
     max_refused_publications: int = 3
-    # layout.synchrony=async: how many steps the engines may run ahead of the trainer (k >= 1); every
-    # batch is then trained at most k updates after the policy that sampled it (loop/schedule.py)
+    # layout.synchrony=async: how many steps the engines run ahead of the trainer; every batch is then
+    # trained at most k updates after the policy that sampled it (loop/schedule.py). The driver draws
+    # one batch per step, so 1 is the one value `validate` takes (more would add lag, not overlap).
     max_staleness: int = 1
 
 

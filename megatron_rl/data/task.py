@@ -105,7 +105,9 @@ class ProblemTask:
         return list(ids)
 
     def state(self) -> dict:
-        return {"rng": self.rng.getstate(), "order": self.order, "drawn": self.drawn}
+        # A copy: drawing pops from the live order, and a saved state must not move with it (an
+        # asynchronous run keeps the state from before batches drawn ahead: loop/feed.py).
+        return {"rng": self.rng.getstate(), "order": list(self.order), "drawn": self.drawn}
 
     def load_state(self, state: dict) -> None:
         v = state["rng"]

@@ -8,7 +8,7 @@ last sample finishes shows up as the `scoring` phase. Then every rank receives e
 
 Separated placement (loop/pools.py): the engine ranks generate and the trainer ranks take part in the
 same calls with no engine (`engine=None`): the gathers then run over the job's host group and carry,
-besides the samples, the first engine's CollectStats, which the trainer's step record reports.
+besides the samples, the slowest engine's CollectStats, which the trainer's step record reports.
 """
 
 from __future__ import annotations
@@ -99,12 +99,14 @@ def gather_all(
     local: list[Sample], group=None, stats: CollectStats | None = None
 ) -> tuple[list[Sample], CollectStats | None]:
     """Every rank's scored samples on every rank, prompt-major (the order group advantages need), and
-    the first `stats` any rank passed (a separated job's trainer ranks have none of their own)."""
+    of the `stats` the ranks passed, the slowest engine's (a separated job's trainer ranks have none of
+    their own; the step's generation is as long as its slowest engine)."""
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         parts: list[tuple | None] = [None] * dist.get_world_size(group)
         dist.all_gather_object(parts, (local, stats), group=group)
         local = [s for p in parts for s in (p[0] if p else [])]
-        stats = next((p[1] for p in parts if p and p[1] is not None), None)
+        given = [p[1] for p in parts if p and p[1] is not None]
+        stats = max(given, key=lambda c: c.generation_s + c.scoring_tail_s) if given else None
     return sorted(local, key=lambda s: (s.prompt_index, s.sample_index)), stats
 
 
@@ -150,8 +152,8 @@ def collect_batch(cfg, engine, engine_index: int, is_leader: bool, task, pool, t
                 stats,
                 call_id=step * 1000 + rounds,
             )
-        # The first engine's leader speaks for the engines' timing when the trainer has none of its own.
-        own = stats if engine is not None and is_leader and engine_index == 0 else None
+        # Engine leaders send their timing for a trainer that has none of its own (separated).
+        own = stats if engine is not None and is_leader else None
         gathered, theirs = gather_all(local, group, own if group is not None else None)
         if engine is None and theirs is not None:
             stats = theirs

@@ -8,6 +8,12 @@ engine leader's share of the reward pool and gathered to every trainer rank (loo
 
 Nothing here is saved in checkpoints: an engine holds only the published policy and the task's
 position, both of which the trainer sends at start (loop/feed.py).
+
+Signals: SIGUSR1/SIGTERM ask the run to save and stop, and they reach every rank; the trainer saves at
+the end of its step and then tells the engines to stop, so an engine that died at once would leave the
+trainer's step unfinished. Engine ranks therefore note the signal and go on until told. The price:
+when a trainer rank crashes, the launcher's SIGTERM does not end the engine ranks; its SIGKILL after
+the grace period (torchrun: 30 s; Slurm: KillWait) does.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ prompts again, and the engines generate them again with the resumed policy.
 
 from __future__ import annotations
 
+import copy
 import time
 from functools import partial
 
@@ -58,7 +59,7 @@ class Feed:
         """Step `step`'s scored samples, their CollectStats and the sampling rounds drawn."""
         if self.colocated is not None:
             timeshare, engine, engine_index, is_leader, pool = self.colocated
-            self.task_states[step] = self.task.state()
+            self.task_states[step] = copy.deepcopy(self.task.state())
             out = collect_batch(
                 self.cfg, engine, engine_index, is_leader, self.task, pool, self.run.timer, step
             )
@@ -80,9 +81,10 @@ class Feed:
         lags = [step - self.published_at.get(s.version, step) for s in samples]
         return {"max": max(lags), "mean": sum(lags) / len(lags)}
 
-    def stop(self) -> None:
-        """Tell the engines the run ends early (preemption); they are waiting for the next step."""
-        if self.colocated is None:
+    def stop(self, step: int) -> None:
+        """Tell the engines the run ends after `step` (preemption). After the last step they have left
+        their loop already and wait at the final barrier: nothing to tell them then."""
+        if self.colocated is None and step + 1 < self.cfg.steps:
             control(self.procs, STOP)
 
     def task_state(self, step: int) -> dict:
@@ -97,7 +99,7 @@ class Feed:
         return round(out, 6)
 
     def _receive(self, t: int) -> None:
-        self.task_states[t] = self.task.state()
+        self.task_states[t] = copy.deepcopy(self.task.state())  # never aliased to the live task
         t0 = time.perf_counter()
         with self.run.phase("rollout_wait"):
             batch = collect_batch(

@@ -33,11 +33,14 @@ def sync_pair(tmp_path_factory):
     # The same recipe colocated: one process holds the trainer and the engine.
     colocated = ["layout.placement=colocated", "cluster.gpus_per_node=1"]
     launch(tmp, 4, [*NO_WANDB, *colocated], name="colocated", recipe=SEP)
-    return records(tmp, "separated"), records(tmp, "colocated")
+    # Wider pools: trainer DP2 (two ranks send) and one TP2 engine (a two-rank engine world) in 4 processes.
+    wide = ["layout.dp=2", "layout.engine_tp=2", "cluster.gpus_per_node=4", "optim.micro_batch_size=4"]
+    launch(tmp, 2, [*NO_WANDB, *wide], name="wide", recipe=SEP)
+    return records(tmp, "separated"), records(tmp, "colocated"), records(tmp, "wide")
 
 
 def test_separated_sync_reproduces_colocated_sync(sync_pair):
-    sep, col = sync_pair
+    sep, col, _ = sync_pair
     assert [r["step"] for r in sep] == [r["step"] for r in col] == [1, 2, 3, 4]
     for a, b in zip(sep, col):
         assert a["prompt_digest"] == b["prompt_digest"]
@@ -53,6 +56,18 @@ def test_separated_sync_reproduces_colocated_sync(sync_pair):
     assert p_sep["bytes_local"] == 0 and p_sep["bytes_sent"] == p_col["bytes_local"] > 0
     # the engines' time is in the trainer's record, and the trainer's wait on them beside it
     assert all(r["phases"]["generation"]["seconds"] > 0 and r["rollout_wait_s"] > 0 for r in sep)
+
+
+def test_wider_pools_publish_and_agree(sync_pair):
+    """Trainer DP2 + a TP2 engine: every publication activates on both engine ranks, the engine's
+    log-probs agree with the trainer's, and the first step draws the 1 + 1 run's prompts."""
+    sep, _, wide = sync_pair
+    assert [r["step"] for r in wide] == [1, 2]
+    for r in wide:
+        assert r["publication"]["activated"] and r["publication"]["bytes_sent"] > 0
+        g = r["logprob_agreement"]
+        assert g["tokens"] > 0 and g["beyond_threshold"] == [] and g["max_abs_diff"] < 1e-3
+    assert wide[0]["prompt_digest"] == sep[0]["prompt_digest"]
 
 
 @pytest.fixture(scope="module")

@@ -145,9 +145,12 @@ def test_async_without_an_off_policy_correction_is_refused():
     # the engines' own log-probs as the old ones: the clipped ratio is then against the behaviour policy
     ok = ["layout.synchrony=async", "algorithm.truncated_is_cap=0", "algorithm.old_logprobs=engine"]
     assert check_recipe(load_recipe("grpo_tiny_cpu_separated", ok)) == []
-    assert [
-        p.key for p in check_recipe(load_recipe("grpo_tiny_cpu_separated", ["rollout.max_staleness=0"]))
-    ] == ["rollout.max_staleness"]
+    for k in (0, 2):
+        over = ["layout.synchrony=async", f"rollout.max_staleness={k}"]
+        keys = [p.key for p in check_recipe(load_recipe("grpo_tiny_cpu_separated", over))]
+        assert keys == ["rollout.max_staleness"], k
+    # synchronous runs never read it
+    assert check_recipe(load_recipe("grpo_tiny_cpu_separated", ["rollout.max_staleness=0"])) == []
 
 
 def test_missing_files_are_refused_by_the_driver_and_noted_by_validate(tmp_path):

@@ -51,3 +51,18 @@ def test_a_template_that_refuses_system_messages_names_the_setting():
     assert _words(_ids(NO_SYSTEM, "")) == "addtwonumbers"
     with pytest.raises(ValueError, match="unset data.system_prompt"):
         _ids(NO_SYSTEM, "be brief")
+
+
+def test_a_saved_state_does_not_move_when_the_task_draws_on():
+    """Checkpoints keep a state from before batches drawn ahead (asynchronous runs): it must be a copy,
+    and loading it must give back the prompts drawn after it was taken."""
+    problems = [Problem(str(i), "add two numbers", "assert 1") for i in range(5)]
+    task = ProblemTask(problems, _tokenizer(None), seed=0)
+    saved = task.state()
+    before = list(saved["order"])
+    first = [p.problem.id for p in task.draw(3)]
+    assert saved["order"] == before, "the saved order moved with the live task"
+    again = ProblemTask(problems, _tokenizer(None), seed=0)
+    again.draw(1)  # elsewhere in the stream: loading must put it back
+    again.load_state(saved)
+    assert [p.problem.id for p in again.draw(3)] == first
