@@ -32,6 +32,8 @@ class CollectStats:
     # how long the batch waited on its longest completion (see summary.generation_tail_seconds).
     finish_s: list[list[float]] = field(default_factory=list)
     call_s: list[float] = field(default_factory=list)
+    # Peak memory of the engine's phases on its rank (a separated job's trainer records them: loop/feed.py)
+    mem_gib: dict[str, float] = field(default_factory=dict)
 
 
 def engine_prompts(num_prompts: int, engine_index: int, engine_count: int) -> list[int]:
@@ -73,6 +75,9 @@ def generate_and_score(
         for r in pool.results():
             results[r.sample_id] = r
     stats.scoring_tail_s += time.perf_counter() - t1
+    for name in ("generation", "scoring"):
+        if name in getattr(timer, "stats", {}):
+            stats.mem_gib[name] = max(stats.mem_gib.get(name, 0.0), timer.stats[name].mem_gib)
     out = []
     for key, s in pending.items():
         r = results[key]

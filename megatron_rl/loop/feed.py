@@ -108,8 +108,8 @@ class Feed:
         self.waited += time.perf_counter() - t0
         stats = batch[1]
         # The engines' time, as the step's generation and scoring phases: it ran on the engine ranks.
-        self.run.timer.add("generation", stats.generation_s)
-        self.run.timer.add("scoring", stats.scoring_tail_s)
+        self.run.timer.add("generation", stats.generation_s, stats.mem_gib.get("generation", 0.0))
+        self.run.timer.add("scoring", stats.scoring_tail_s, stats.mem_gib.get("scoring", 0.0))
         self.batches[t] = batch
 
 

@@ -102,12 +102,13 @@ class PhaseTimer:
             else:
                 s.mem_gib = max(s.mem_gib, cpu_peak_gib())
 
-    def add(self, name: str, seconds: float) -> None:
-        """Count seconds spent elsewhere in this step's phase `name`: a separated job's trainer records
-        the engines' generation and scoring, which ran on the engine ranks (loop/feed.py)."""
+    def add(self, name: str, seconds: float, mem_gib: float = 0.0) -> None:
+        """Count seconds (and a peak) measured elsewhere in this step's phase `name`: a separated job's
+        trainer records the engines' generation and scoring, which ran on the engine ranks (loop/feed.py)."""
         s = self.stats.setdefault(name, PhaseStats())
         s.seconds += seconds
         s.calls += 1
+        s.mem_gib = max(s.mem_gib, mem_gib)
 
     def take(self) -> dict[str, PhaseStats]:
         """This step's stats, and start a new step."""

@@ -51,8 +51,18 @@ def _draw_steps(fig, spec, records: list[dict], colours: dict) -> None:
     ax0.set_ylabel("seconds (slowest rank)")
     ax0.set_title("warm-up", fontsize=9)
     ax1 = fig.add_subplot(inner[1])
+    overlapped = False
     if rest:
         _stack(ax1, [r["step"] for r in rest], rest, STEP_PHASES, colours)
+        walls = [(r["step"], r["wall_seconds"]) for r in rest if "wall_seconds" in r]
+        # Separated and asynchronous, the engine's phases run while the trainer's do: the bar sums work
+        # on both pools, and the wall clock between step ends sits below its top.
+        overlapped = bool(walls) and any(
+            w < sum(_seconds(r, p) for p in STEP_PHASES) * 0.9 for r, (_, w) in zip(rest, walls)
+        )
+        if overlapped:
+            xs, ys = zip(*walls)
+            ax1.plot(xs, ys, "k_", markersize=22, markeredgewidth=2.5, label="wall clock")
         ax1.set_xlabel("step")
         ax1.set_title(f"steps {rest[0]['step']}-{rest[-1]['step']}: phases per step", fontsize=9)
     else:
@@ -61,7 +71,15 @@ def _draw_steps(fig, spec, records: list[dict], colours: dict) -> None:
     import matplotlib.patches as mpatches
 
     handles = [mpatches.Patch(color=colours[p]) for p in PHASES]
-    ax1.legend(handles, PHASES, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="phase")
+    labels = list(PHASES)
+    if overlapped:
+        import matplotlib.lines as mlines
+
+        handles.append(
+            mlines.Line2D([], [], color="k", marker="_", linestyle="none", markersize=12, markeredgewidth=2.5)
+        )
+        labels.append("wall clock (phases overlap)")
+    ax1.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="phase")
 
 
 def _integer_steps(ax) -> None:

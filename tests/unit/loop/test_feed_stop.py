@@ -39,7 +39,7 @@ def test_saved_task_state_never_moves_with_the_live_task(monkeypatch):
     monkeypatch.setattr(
         feed_mod,
         "collect_batch",
-        lambda *a, **k: (live["order"].pop(), NS(generation_s=0.0, scoring_tail_s=0.0), 0),
+        lambda *a, **k: (live["order"].pop(), NS(generation_s=0.0, scoring_tail_s=0.0, mem_gib={}), 0),
     )
     f._receive(1)
     assert live["order"] == [3, 1]
