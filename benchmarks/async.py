@@ -15,7 +15,9 @@ every step after the first `--warmup` of every repeat:
   generation_tail_share  batch-slot seconds left empty while the batch waited on its longest
                        completion / generation seconds (the tail partial rollouts would cut)
   version_lag_max      the largest lag of any step (<= k asynchronous, 0 synchronous)
-and `speedup` = sync step_s / async step_s.
+and `speedup` = sync step_s / async step_s. With `--oversample F`, a third mode runs sync with
+`rollout.oversample=F`: its `generation_s` and `generation_tail_share` against sync's show what cutting
+the groups that finish last saves (and `reward` what the bias toward short answers costs).
 
 Then the planner: `megatron-rl plan grpo_tiny_cpu_separated --from-steps <a sync run's steps.jsonl>`
 calibrates its phases on the synchronous run and predicts the asynchronous step of the same pools
@@ -67,6 +69,7 @@ def step_figures(rec: dict, processes: int) -> dict:
         "process_s_per_step": wall * processes,
         "trainer_wait_share": rec.get("rollout_wait_s", 0.0) / wall,
         "engine_busy_share": (gen + score) / wall,
+        "generation_s": gen,
         "generation_tail_share": rec["generation"]["tail_s"] / gen if gen > 0 else 0.0,
         "version_lag_max": rec["version_lag"]["max"],
         "reward": rec["reward"]["mean"],
@@ -112,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--overrides", default="", help='extra overrides for both modes, e.g. "data.prompts_per_step=16"'
     )
+    p.add_argument(
+        "--oversample",
+        type=float,
+        default=0.0,
+        help="also run sync with rollout.oversample=F (draw F x prompts, keep the first groups to finish)",
+    )
     p.add_argument("--keep", type=Path, help="keep the runs' outputs here (default: a temporary directory)")
     args = p.parse_args(argv)
     if args.steps <= args.warmup:
@@ -121,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         "sync": ["layout.synchrony=sync"],
         "async": ["layout.synchrony=async", f"rollout.max_staleness={args.staleness}"],
     }
+    if args.oversample > 0:
+        modes["sync_oversample"] = ["layout.synchrony=sync", f"rollout.oversample={args.oversample}"]
     out = args.keep or Path(tempfile.mkdtemp(prefix="async_bench_"))
     figures: dict[str, list[dict]] = {m: [] for m in modes}
     jobs: dict[str, list[float]] = {m: [] for m in modes}

@@ -120,6 +120,7 @@ NUMERIC: dict[str, tuple] = {
     "rollout.logprob_check_threshold": GT0,
     "rollout.max_refused_publications": GE1,
     "rollout.max_staleness": GE0,
+    "rollout.oversample": GE1,
     "reward.workers": GE1,
     "reward.timeout_s": GT0,
     "reward.memory_mb": (16, None, True, False),

@@ -137,6 +137,10 @@ class RolloutConfig:
     # trained at most k updates after the policy that sampled it (loop/schedule.py). The driver draws
     # one batch per step, so 1 is the one value `validate` takes (more would add lag, not overlap).
     max_staleness: int = 1
+    # Over-sampling against the long tail: draw ceil(oversample x prompts) per step and train on the
+    # first groups whose samples have all finished; the rest are cut and dropped. Biased toward prompts
+    # with short completions (the groups that finish last are the long ones): see README.
+    oversample: float = 1.0
 
 
 @dataclass

@@ -13,6 +13,7 @@ besides the samples, the slowest engine's CollectStats, which the trainer's step
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -34,6 +35,33 @@ class CollectStats:
     call_s: list[float] = field(default_factory=list)
     # Peak memory of the engine's phases on its rank (a separated job's trainer records them: loop/feed.py)
     mem_gib: dict[str, float] = field(default_factory=dict)
+    # rollout.oversample, over all engines: prompts drawn, and samples cut or dropped with their groups
+    drawn_prompts: int = 0
+    dropped_samples: int = 0
+
+
+class GroupQuota:
+    """rollout.oversample: keep the first `keep` prompts whose n samples have all finished (None: all).
+
+    Fed each finished sample's prompt index in finish order; `full` says when enough groups are
+    complete, and the engine's stream is then closed (it aborts what still runs)."""
+
+    def __init__(self, n: int, keep: int | None):
+        self.n, self.keep = n, keep
+        self.count: dict[int, int] = {}
+        self.complete: list[int] = []
+
+    def add(self, prompt_index: int) -> None:
+        c = self.count[prompt_index] = self.count.get(prompt_index, 0) + 1
+        if c == self.n:
+            self.complete.append(prompt_index)
+
+    @property
+    def full(self) -> bool:
+        return self.keep is not None and len(self.complete) >= self.keep
+
+    def kept(self, prompt_index: int) -> bool:
+        return self.keep is None or prompt_index in self.complete[: self.keep]
 
 
 def engine_prompts(num_prompts: int, engine_index: int, engine_count: int) -> list[int]:
@@ -51,19 +79,29 @@ def generate_and_score(
     timer,
     stats: CollectStats,
     call_id: int,
+    keep_groups: int | None = None,
 ) -> list[Sample]:
-    """This engine's samples, scored (only the engine's leader returns them; other TP ranks get [])."""
+    """This engine's samples, scored (only the engine's leader returns them; other TP ranks get []).
+
+    `keep_groups` (rollout.oversample): return only the first `keep_groups` prompts to have all n
+    samples finished, and stop generating then; the others' samples are dropped (counted in stats)."""
     pending: dict[tuple[int, int], object] = {}
     t0 = time.perf_counter()
     finished: list[float] = []
+    quota = GroupQuota(n, keep_groups)
     with timer.phase("generation"):
-        for s in engine.generate_stream([p.prompt_ids for p in prompts], n, call_id=call_id):
+        stream = engine.generate_stream([p.prompt_ids for p in prompts], n, call_id=call_id)
+        for s in stream:
+            quota.add(s.prompt_index)
             finished.append(time.perf_counter() - t0)
             stats.generated_tokens += len(s.token_ids)
             if is_leader:
                 key = (global_index[s.prompt_index], s.sample_index)
                 pending[key] = s
                 pool.submit(key, task.problem(prompts[s.prompt_index]), task.program(s.token_ids))
+            if quota.full:
+                break
+        stream.close()  # every rank of the engine stops at the same sample: the rest are aborted
     stats.generation_s += time.perf_counter() - t0
     stats.finish_s.append(finished)
     stats.call_s.append(time.perf_counter() - t0)
@@ -79,7 +117,10 @@ def generate_and_score(
         if name in getattr(timer, "stats", {}):
             stats.mem_gib[name] = max(stats.mem_gib.get(name, 0.0), timer.stats[name].mem_gib)
     out = []
+    local_of = {g: i for i, g in enumerate(global_index)}
     for key, s in pending.items():
+        if not quota.kept(local_of[key[0]]):
+            continue  # generated and scored, but its group finished after the quota was met
         r = results[key]
         stats.scoring_busy_s += r.seconds
         out.append(
@@ -141,10 +182,13 @@ def collect_batch(cfg, engine, engine_index: int, is_leader: bool, task, pool, t
     spare: list[list[Sample]] = []
     drawn, rounds, want = 0, 0, target
     while want > 0:
-        prompts = task.draw(want)
+        prompts = task.draw(math.ceil(want * cfg.rollout.oversample - 1e-9))
+        stats.drawn_prompts += len(prompts)
+        stats.dropped_samples += (len(prompts) - want) * n
         local = []
         if engine is not None:
             mine = engine_prompts(len(prompts), engine_index, cfg.layout.engine_count)
+            quota = len(engine_prompts(want, engine_index, cfg.layout.engine_count))
             local = generate_and_score(
                 engine,
                 is_leader,
@@ -156,6 +200,7 @@ def collect_batch(cfg, engine, engine_index: int, is_leader: bool, task, pool, t
                 timer,
                 stats,
                 call_id=step * 1000 + rounds,
+                keep_groups=quota if len(mine) > quota else None,
             )
         # Engine leaders send their timing for a trainer that has none of its own (separated).
         own = stats if engine is not None and is_leader else None

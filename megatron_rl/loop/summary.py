@@ -108,6 +108,9 @@ def step_metrics(
             else 0.0,
         },
         "generation": {
+            # rollout.oversample: prompts drawn for this step and samples cut or dropped with their groups
+            "prompts_drawn": stats.drawn_prompts,
+            "samples_dropped": stats.dropped_samples,
             "tail_s": sum(tails),
             "calls": len(tails),
             "seconds": sum(stats.call_s),

@@ -49,6 +49,7 @@ def test_separated_sync_reproduces_colocated_sync(sync_pair):
         g = a["logprob_agreement"]
         assert g["beyond_threshold"] == [] and g["max_abs_diff"] < 1e-3
         assert a["version_lag"] == {"max": 0, "mean": 0.0}
+        assert (a["generation"]["prompts_drawn"], a["generation"]["samples_dropped"]) == (4, 0)
         assert a["publication"]["activated"] and b["publication"]["activated"]
     # separated: the trainer (rank 0) sends every byte to the engine's rank over the job group;
     # colocated, the engine is on the trainer's own rank and the copy is local
