@@ -76,6 +76,7 @@ ENUMS = {
 # ENUMS; temperature, top-p and top-k belong to the sampling convention, rollout/convention.py).
 GE1 = (1, None, True, False)
 GE0 = (0, None, True, False)
+OVERSAMPLE_MAX = 4.0
 GT0 = (0, None, False, False)
 FRACTION = (0, 1, False, True)
 NUMERIC: dict[str, tuple] = {
@@ -303,6 +304,27 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
             "must be 1 with layout.synchrony=async: the engines draw one batch per step, between two "
             "publications, so running further ahead adds lag without more overlap",
         )
+    # Over-sampling: every engine draws ceil(its share x f); a factor that adds no prompt to an engine
+    # does nothing there, and a huge one would queue that many requests.
+    if ro.oversample > 1:
+        share = data.prompts_per_step // max(lay.engine_count, 1)
+        if ro.oversample > OVERSAMPLE_MAX:
+            bad(
+                "rollout.oversample",
+                f"must be <= {OVERSAMPLE_MAX} (each engine draws that many times its prompts)",
+            )
+        elif share == 0:
+            bad(
+                "rollout.oversample",
+                f"needs a prompt per engine to over-sample: {data.prompts_per_step} prompts per step over "
+                f"{lay.engine_count} engines; raise data.prompts_per_step, or set rollout.oversample=1",
+            )
+        elif math.ceil(share * ro.oversample - 1e-9) == share:
+            bad(
+                "rollout.oversample",
+                f"adds no prompt to an engine with {share} of the {data.prompts_per_step} prompts per step "
+                f"({lay.engine_count} engines): use at least {(share + 1) / share:.3g}, or 1 to turn it off",
+            )
     # Asynchronous batches come from an older policy than the one trained: the loss must correct for it.
     if lay.synchrony == "async" and alg.truncated_is_cap <= 0 and alg.old_logprobs != "engine":
         bad(

@@ -68,6 +68,21 @@ def engine_prompts(num_prompts: int, engine_index: int, engine_count: int) -> li
     return list(range(engine_index, num_prompts, engine_count))
 
 
+def oversampled_split(want: int, engine_count: int, factor: float) -> tuple[int, list[list[int]], list[int]]:
+    """rollout.oversample's layout of one draw: (prompts to draw, each engine's prompt indices, each
+    engine's quota of groups to keep). Engine e keeps its round-robin share q_e of `want` (as without
+    oversampling: the first `want` prompts are laid out exactly as then) and generates ceil(q_e x factor)
+    prompts: its share plus its extras, which follow the first `want` in engine order. An engine with no
+    share draws nothing."""
+    quotas = [len(engine_prompts(want, e, engine_count)) for e in range(engine_count)]
+    extras = [math.ceil(q * factor - 1e-9) - q for q in quotas]
+    out, start = [], want
+    for e in range(engine_count):
+        out.append(engine_prompts(want, e, engine_count) + list(range(start, start + extras[e])))
+        start += extras[e]
+    return start, out, quotas
+
+
 def generate_and_score(
     engine,
     is_leader: bool,
@@ -101,7 +116,9 @@ def generate_and_score(
                 pool.submit(key, task.problem(prompts[s.prompt_index]), task.program(s.token_ids))
             if quota.full:
                 break
-        stream.close()  # every rank of the engine stops at the same sample: the rest are aborted
+        close = getattr(stream, "close", None)  # a generator: closing it aborts what still runs
+        if close is not None:
+            close()  # every rank of the engine stops at the same sample
     stats.generation_s += time.perf_counter() - t0
     stats.finish_s.append(finished)
     stats.call_s.append(time.perf_counter() - t0)
@@ -153,6 +170,8 @@ def gather_all(
         local = [s for p in parts for s in (p[0] if p else [])]
         given = [p[1] for p in parts if p and p[1] is not None]
         stats = max(given, key=lambda c: c.generation_s + c.scoring_tail_s) if given else None
+        if stats is not None:  # timings: the slowest engine's; memory: the largest of any engine
+            stats.mem_gib = {k: max(c.mem_gib.get(k, 0.0) for c in given) for k in stats.mem_gib}
     return sorted(local, key=lambda s: (s.prompt_index, s.sample_index)), stats
 
 
@@ -182,13 +201,13 @@ def collect_batch(cfg, engine, engine_index: int, is_leader: bool, task, pool, t
     spare: list[list[Sample]] = []
     drawn, rounds, want = 0, 0, target
     while want > 0:
-        prompts = task.draw(math.ceil(want * cfg.rollout.oversample - 1e-9))
+        total, split, quotas = oversampled_split(want, cfg.layout.engine_count, cfg.rollout.oversample)
+        prompts = task.draw(total)
         stats.drawn_prompts += len(prompts)
         stats.dropped_samples += (len(prompts) - want) * n
         local = []
-        if engine is not None:
-            mine = engine_prompts(len(prompts), engine_index, cfg.layout.engine_count)
-            quota = len(engine_prompts(want, engine_index, cfg.layout.engine_count))
+        if engine is not None and split[engine_index]:
+            mine, quota = split[engine_index], quotas[engine_index]
             local = generate_and_score(
                 engine,
                 is_leader,

@@ -240,3 +240,31 @@ def test_truncated_is_against_the_engines_own_logprobs_is_refused():
     )
     for ok in (["algorithm.old_logprobs=engine"], ["algorithm.truncated_is_cap=2.0"]):
         assert check_recipe(load_recipe("grpo_tiny_cpu", ok)) == []
+
+
+@pytest.mark.parametrize(
+    "overrides,fragment",
+    [
+        (
+            ["rollout.oversample=1.0000000001"],
+            "adds no prompt",
+        ),  # 4 prompts per engine: ceil(4.0000000004) = 4
+        (["rollout.oversample=5"], "must be <= 4"),
+        (
+            [
+                "rollout.oversample=1.5",
+                "data.prompts_per_step=1",
+                "algorithm.minibatches=1",
+                "optim.micro_batch_size=4",
+            ],
+            "a prompt per engine",
+        ),
+    ],
+)
+def test_oversample_that_would_do_nothing_or_flood_the_engines_is_refused(overrides, fragment):
+    problems = check_recipe(load_recipe("grpo_tiny_cpu", overrides))
+    assert [p.key for p in problems] == ["rollout.oversample"], problems
+    assert fragment in problems[0].message
+    assert (
+        check_recipe(load_recipe("grpo_tiny_cpu", ["rollout.oversample=1.01"])) == []
+    )  # one more per engine
