@@ -112,6 +112,11 @@ def summarize(records: list[dict]) -> dict:
         }
     step = _stats([_step_s(r) for r in steady])
     step["first_step_s"] = _step_s(first)
+    # Separated and asynchronous, the engines' phases overlap the trainer's: the wall clock between step
+    # ends is the step then, and the sum of the phases above counts the overlapped seconds twice.
+    walls = [r["wall_seconds"] for r in steady if r.get("wall_seconds") is not None]
+    wall = _stats(walls) if walls and len(walls) == len(steady) else None
+    overlapped = wall is not None and sum(walls) < 0.9 * total
 
     def idle(values: list[float | None]) -> dict:
         known = [v for v in values if v is not None]
@@ -153,11 +158,14 @@ def summarize(records: list[dict]) -> dict:
         "ranks": world,
         "phases": phases,
         "step": step,
+        "wall": wall if overlapped else None,
         "idle": idle_time,
         "throughput": {
             "generated_tokens_per_s": generated / gen_s if gen_s > 0 else None,
             "trained_tokens_per_s": trained / train_s if train_s > 0 else None,
-            "end_to_end_tokens_per_s": trained / total if total > 0 else None,
+            "end_to_end_tokens_per_s": (trained / sum(walls) if overlapped else trained / total)
+            if total > 0
+            else None,
             "mfu": mfu,
             "peak_flops_per_device": peak,
         },
@@ -210,6 +218,9 @@ def phase_lines(s: dict) -> list[str]:
         )
     st = s["step"]
     rows.append(("step", _f(st["mean"]), _f(st["p50"]), _f(st["max"]), _f(st["first_step_s"]), "100%", ""))
+    if s.get("wall"):  # the phases overlap (separated, async): the sum above is work, this is time
+        w = s["wall"]
+        rows.append(("wall (overlap)", _f(w["mean"]), _f(w["p50"]), _f(w["max"]), "", "", ""))
     idle = s["idle"]
     parts = [
         f"{label} {_f(idle[key]['seconds_per_step'])} s ({_pct(idle[key]['share'])})"

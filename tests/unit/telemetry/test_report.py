@@ -211,3 +211,23 @@ def test_generation_tail_and_switch_seconds():
     times = {"train_end": 0.0, "trainer_offloaded": 0.5, "published": 2.0, "rollout_start": 2.25}
     assert switch_seconds(times) == pytest.approx(0.75), "publication itself is not a switch"
     assert switch_seconds({**times, "rollout_end": 5.0, "train_start": 6.0}) == pytest.approx(1.75)
+
+
+def test_overlapped_steps_show_their_wall_clock_beside_the_summed_phases():
+    """Separated and asynchronous, the engines' phases run while the trainer's do: the table adds the
+    wall clock per step, and end-to-end throughput is over it. Serial steps (wall ~ sum) add nothing."""
+    from megatron_rl.telemetry.report import phase_table, summarize
+
+    serial = [_rec(s, 2.0, 3.0) for s in range(1, 5)]
+    for r in serial:
+        r["wall_seconds"] = r["step_seconds"] if "step_seconds" in r else 7.0
+    assert "wall (overlap)" not in phase_table(serial)
+    overlapped = [_rec(s, 2.0, 3.0) for s in range(1, 5)]
+    for r in overlapped:
+        r["wall_seconds"] = 4.0  # max(generation + scoring, training) + publish, not their sum (7 s)
+    s = summarize(overlapped)
+    assert s["wall"]["p50"] == 4.0 and s["step"]["p50"] == 7.0
+    assert "wall (overlap)" in phase_table(overlapped)
+    assert s["throughput"]["end_to_end_tokens_per_s"] == pytest.approx(
+        summarize(serial)["throughput"]["end_to_end_tokens_per_s"] * 7.0 / 4.0
+    )
