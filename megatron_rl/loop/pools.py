@@ -18,8 +18,8 @@ ranks, so `dist.*` calls take it like any group (`src`/`dst`/`peer` are job rank
 away from: `dist.get_rank(job_group)` maps this process's *pool* rank, so ask the group itself
 (`group.rank()`, `Pools.job_rank`).
 
-On GPU the job group uses NCCL (weights cross on the device) and a gloo twin carries host objects
-(sample batches, control flags); on CPU both are gloo.
+The job group uses the pools' backend (NCCL on GPU: weights cross on the device) and a gloo twin
+carries host objects (sample batches, control flags); on CPU both are gloo, and still two groups.
 """
 
 from __future__ import annotations
@@ -85,6 +85,9 @@ def start_pools(layout: ParallelLayout, backend: str, timeout_s: float, env: Dis
     rank of the job calls it once, before anything else touches torch.distributed."""
     from torch.distributed import distributed_c10d as c10d
 
+    from megatron_rl.trainer import device_guard
+
+    device_guard.install_from_env()  # before any group exists (tests), as init_parallel does
     env = env or from_env()
     if env.world_size != layout.gpus:
         raise ValueError(
@@ -119,8 +122,11 @@ def start_pools(layout: ParallelLayout, backend: str, timeout_s: float, env: Dis
         c10d._world.pg_group_ranks[group] = {r: r for r in range(world)}
         return group
 
+    # Two groups even on CPU, where both are gloo: the code that picks one is then the GPU's, and the
+    # device guard (tests) checks each collective against the kind of group it runs on.
     device_group = job_group("job", backend)
-    cpu_group = device_group if backend == "gloo" else job_group("job-cpu", "gloo")
+    cpu_group = job_group("job-cpu", "gloo")
+    device_guard.declare_cpu_group(cpu_group)
     return Pools(role, env, pool_rank, pool_size, device_group, cpu_group)
 
 

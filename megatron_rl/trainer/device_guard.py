@@ -297,6 +297,12 @@ def compute_device() -> torch.device:
     return torch.device("cpu")
 
 
+def declare_cpu_group(group) -> None:
+    """A gloo group made without `dist.new_group` (loop/pools.py's job group): checked as a CPU group."""
+    if _INSTALLED and group is not None:
+        _CPU_GROUPS[id(group)] = group
+
+
 def install() -> None:
     """Enter the device trap on this thread and wrap torch.distributed's collectives. Idempotent."""
     if not getattr(_STATE, "trap", None):

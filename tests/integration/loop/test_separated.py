@@ -29,13 +29,16 @@ def _lags(recs):
 @pytest.fixture(scope="module")
 def sync_pair(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("separated_sync")
-    launch(tmp, 4, NO_WANDB, name="separated", recipe=SEP)
+    # Under the device guard (trainer/device_guard.py): a host object on the NCCL job group, or a device
+    # tensor on the gloo one, fails here as it would on GPUs.
+    launch(tmp, 4, NO_WANDB, name="separated", recipe=SEP, env={"MEGATRON_RL_DEVICE_GUARD": "1"})
     # The same recipe colocated: one process holds the trainer and the engine.
     colocated = ["layout.placement=colocated", "cluster.gpus_per_node=1"]
     launch(tmp, 4, [*NO_WANDB, *colocated], name="colocated", recipe=SEP)
     # Wider pools: trainer DP2 (two ranks send) and one TP2 engine (a two-rank engine world) in 4 processes.
     wide = ["layout.dp=2", "layout.engine_tp=2", "cluster.gpus_per_node=4", "optim.micro_batch_size=4"]
     launch(tmp, 2, [*NO_WANDB, *wide], name="wide", recipe=SEP)
+    assert "device guard installed" in (tmp / "separated.log").read_text()
     return records(tmp, "separated"), records(tmp, "colocated"), records(tmp, "wide")
 
 
@@ -75,7 +78,9 @@ def test_wider_pools_publish_and_agree(sync_pair):
 def async_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("separated_async")
     steps, save = 10, ["checkpoint.interval=1", "checkpoint.keep_last=3"]
-    launch(tmp, steps, [*NO_WANDB, *ASYNC, *save], name="A", recipe=SEP)
+    launch(
+        tmp, steps, [*NO_WANDB, *ASYNC, *save], name="A", recipe=SEP, env={"MEGATRON_RL_DEVICE_GUARD": "1"}
+    )
     proc = launch(tmp, steps, [*NO_WANDB, *ASYNC, *save], name="B", recipe=SEP, wait=False)
     steps_file = tmp / "outputs" / "B" / "steps.jsonl"
     deadline = time.time() + 600
