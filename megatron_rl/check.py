@@ -7,7 +7,8 @@ anyway; `validate` and `submit` note paths they cannot read from this machine, w
 then refuses on the cluster.
 
 Hydra's structured configs refuse unknown keys and wrong types. This module adds what they cannot
-see: every number's range (finite, sign, bounds: `NUMERIC`), the enumerations, the layout against
+see: every number's range and the enumerations (check_ranges.py), paths, end ids and prompt lengths
+read from this machine (check_files.py), and here the rules between keys: the layout against
 the model and the cluster (`ParallelLayout.check`), batch and length arithmetic, the sampling
 convention, publication settings and the memory fit. All problems are collected, so a user fixes a
 recipe in one pass. It sits above `config/`, `layout.py` and `plan/` (it asks the planner for the
@@ -19,23 +20,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
-from pathlib import Path
 
-from megatron_rl.config.choices import (
-    FAMILIES,
-    KL_ESTIMATORS,
-    LOSS_AGGREGATIONS,
-    OLD_LOGPROBS,
-    OVERLONG_MODES,
-    REFERENCE_PLACEMENTS,
-    REFUSAL_POLICIES,
-    REWARD_KINDS,
-    REWARD_MODES,
-)
+from megatron_rl.check_files import file_problems, prompt_problems, stop_id_problems
+from megatron_rl.check_ranges import ENUMS, NUMERIC, get_key, numeric_problems
 from megatron_rl.config.problem import ConfigError, Problem
 from megatron_rl.config.schema import RecipeConfig
 from megatron_rl.layout import ParallelLayout
-from megatron_rl.models.dtypes import RECIPE_DTYPES
 from megatron_rl.models.resolve import (
     CheckpointConfigError,
     disagreements,
@@ -44,184 +34,12 @@ from megatron_rl.models.resolve import (
     tokenizer_problems,
 )
 from megatron_rl.rollout.convention import convention_problems, full_vocab_problem
-from megatron_rl.rollout.delivery import SLEEP_LEVELS, delivery_for, sleep_level_for
+from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 
-MIN_DIST_TIMEOUT_S = 60.0
-MAX_PROMPTS_CHECKED = 20_000  # prompts `validate` tokenizes to check their length
 FLOAT32_MAX = 3.4028234663852886e38
 # Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (or no limit).
 SLURM_TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
-
-ENUMS = {
-    "model.family": FAMILIES,
-    "model.params_dtype": RECIPE_DTYPES,
-    "model.fixture": ("", "qwen2", "qwen3", "llama"),
-    "algorithm.name": ("grpo",),
-    "algorithm.kl_estimator": KL_ESTIMATORS,
-    "algorithm.loss_agg": LOSS_AGGREGATIONS,
-    "algorithm.overlong": OVERLONG_MODES,
-    "algorithm.reference": REFERENCE_PLACEMENTS,
-    "algorithm.old_logprobs": OLD_LOGPROBS,
-    "rollout.engine": ("vllm",),
-    "rollout.on_refused_publication": REFUSAL_POLICIES,
-    "rollout.sleep_level": SLEEP_LEVELS,
-    "reward.kind": REWARD_KINDS,
-    "reward.mode": REWARD_MODES,
-    "optim.lr_schedule": ("constant", "cosine"),
-}
-
-# Every numeric key of the schema and its range: (low, high, low inclusive, high inclusive); None =
-# unbounded. Numbers must also be finite. tests/unit/config/test_check.py proves no numeric key of
-# the schema is missing here, so a new key cannot skip its range check (enumerated numbers are in
-# ENUMS; temperature, top-p and top-k belong to the sampling convention, rollout/convention.py).
-GE1 = (1, None, True, False)
-GE0 = (0, None, True, False)
-OVERSAMPLE_MAX = 4.0
-GT0 = (0, None, False, False)
-FRACTION = (0, 1, False, True)
-NUMERIC: dict[str, tuple] = {
-    "steps": GE1,
-    "seed": GE0,
-    **{
-        f"model.{k}": GE1
-        for k in (
-            "num_layers",
-            "hidden_size",
-            "ffn_hidden_size",
-            "num_attention_heads",
-            "num_query_groups",
-            "head_dim",
-            "vocab_size",
-            "make_vocab_size_divisible_by",
-            "max_position_embeddings",
-        )
-    },
-    "model.rope_theta": GT0,
-    "model.rope_scaling_factor": GE1,
-    "model.rope_low_freq_factor": GT0,
-    "model.rope_high_freq_factor": GT0,
-    "model.rope_original_max_position": GE0,
-    "model.norm_eps": (0, 1, False, False),
-    **{f"layout.{k}": GE1 for k in ("tp", "pp", "dp", "cp", "ep", "engine_tp", "engine_count")},
-    "layout.pp_layers": GE1,
-    "algorithm.clip_low": (0, 1, True, False),
-    "algorithm.clip_high": GE0,
-    "algorithm.kl_coef": GE0,
-    "algorithm.minibatches": GE1,
-    "algorithm.max_resample_rounds": GE0,
-    "algorithm.overlong_penalty_tokens": GE0,
-    "algorithm.truncated_is_cap": GE0,
-    "rollout.samples_per_prompt": GE1,
-    "rollout.max_new_tokens": GE1,
-    "rollout.mean_completion_tokens": GE1,
-    "rollout.stop_token_ids": GE0,
-    "rollout.gpu_memory_utilization": FRACTION,
-    "rollout.kv_cache_bytes": GE0,
-    "rollout.seed": GE0,
-    "rollout.logprob_check_threshold": GT0,
-    "rollout.max_refused_publications": GE1,
-    "rollout.max_staleness": GE0,
-    "rollout.oversample": GE1,
-    "reward.workers": GE1,
-    "reward.timeout_s": GT0,
-    "reward.memory_mb": (16, None, True, False),
-    "reward.pool_cores": GE1,
-    "reward.seconds_per_sample": GE0,
-    "data.prompts_per_step": GE1,
-    "data.prompt_tokens": GE1,
-    "data.max_prompt_tokens": GE1,
-    "data.seed": GE0,
-    "optim.lr": GE0,
-    "optim.min_lr": GE0,
-    "optim.weight_decay": GE0,
-    "optim.adam_beta1": (0, 1, True, False),
-    "optim.adam_beta2": (0, 1, True, False),
-    "optim.adam_eps": GT0,
-    "optim.clip_grad": GE0,
-    "optim.warmup_steps": GE0,
-    "optim.micro_batch_size": GE1,
-    "checkpoint.interval": (-1, None, True, False),
-    "checkpoint.keep_last": GE0,
-    "checkpoint.keep_every": GE0,
-    "cluster.nodes": GE1,
-    "cluster.gpus_per_node": GE1,
-    "cluster.gpu_memory_gib": GT0,
-    "cluster.hbm_bandwidth_tbps": GT0,
-    "cluster.peak_tflops_bf16": GT0,
-    "cluster.nvlink_gbps": GT0,
-    "cluster.ib_gbps_per_nic": GT0,
-    "cluster.nics_per_node": GE1,
-    "cluster.storage_gbps": GT0,
-    "cluster.node_mtbf_days": GT0,
-    "cluster.allreduce_latency_us": GE0,
-    "cluster.dist_timeout_s": (MIN_DIST_TIMEOUT_S, None, True, False),
-    "plan.train_mfu": FRACTION,
-    "plan.generation_bw_fraction": FRACTION,
-    "plan.target_steps": GE1,
-    "plan.target_hours": GT0,
-    "plan.publish_pack_s": GE0,
-    "plan.publish_install_s": GE0,
-    "plan.publish_validate_s": GE0,
-}
-
-# Why a bound is what it is, where the bare range would not tell a user how to fix it.
-RANGE_HINTS = {
-    "cluster.dist_timeout_s": "seconds a rank may wait in a collective for the slowest rank; 1800 is the "
-    "default, raise it for very long completions",
-    "checkpoint.interval": "N > 0 steps, -1 for the planner's Young/Daly interval, 0 for never",
-    "checkpoint.keep_last": "0 keeps every checkpoint",
-    "rollout.gpu_memory_utilization": "the share of the GPU the engine claims",
-    "reward.memory_mb": "each scoring job's memory limit",
-    "model.norm_eps": "a small positive epsilon, e.g. 1e-6",
-}
-
-
-def _get(cfg, dotted: str):
-    obj = cfg
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _range_text(lo, hi, lo_in, hi_in) -> str:
-    if hi is None:
-        return f"{'>=' if lo_in else '>'} {lo}"
-    return f"in {'[' if lo_in else '('}{lo}, {hi}{']' if hi_in else ')'}"
-
-
-# No count, size or id in a recipe comes near this; larger ones overflow the float arithmetic of the
-# planner and the int32/int64 indices of torch.
-MAX_INT = 2**40
-
-
-def _out_of_range(value, rng) -> bool:
-    lo, hi, lo_in, hi_in = rng
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return True
-    if isinstance(value, int) and abs(value) > MAX_INT:
-        return True
-    if isinstance(value, float) and not math.isfinite(value):
-        return True
-    if lo is not None and (value < lo or (value == lo and not lo_in)):
-        return True
-    return hi is not None and (value > hi or (value == hi and not hi_in))
-
-
-def numeric_problems(cfg: RecipeConfig) -> list[Problem]:
-    """Every number outside its range (NaN and infinities included); lists are checked item by item."""
-    out = []
-    for key, rng in NUMERIC.items():
-        value = _get(cfg, key)
-        if value is None:  # optional (model.head_dim)
-            continue
-        items = list(value) if isinstance(value, list | tuple) else [value]
-        if any(_out_of_range(v, rng) for v in items):
-            hint = f" ({RANGE_HINTS[key]})" if key in RANGE_HINTS else ""
-            what = "every entry must be" if isinstance(value, list | tuple) else "must be finite and"
-            if any(isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT for v in items):
-                hint += " (and at most 2^40)"
-            out.append(Problem(key, value, f"{what} {_range_text(*rng)}{hint}"))
-    return out
+OVERSAMPLE_MAX = 4.0  # rollout.oversample: each engine draws at most this many times its prompts
 
 
 def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
@@ -232,7 +50,7 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
     out: list[Problem] = []
 
     def bad(key: str, message: str, kind: str = "recipe") -> None:
-        out.append(Problem(key, _get(cfg, key), message, kind))
+        out.append(Problem(key, get_key(cfg, key), message, kind))
 
     # The model the recipe means: unset keys from its checkpoint's config.json, which set keys must
     # agree with (models/resolve.py); everything below checks that resolved model.
@@ -249,7 +67,7 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
     cfg = replace(cfg, model=model)
 
     for key, allowed in ENUMS.items():
-        if _get(cfg, key) not in allowed:
+        if get_key(cfg, key) not in allowed:
             bad(key, f"must be one of {', '.join(map(str, allowed))}")
     out += numeric_problems(cfg)
     ro = cfg.rollout
@@ -412,124 +230,6 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
         out += memory_problems(cfg, layout)
     if read_data and not out and data.source != "synthetic":
         out += prompt_problems(cfg)
-    return out
-
-
-def prompt_problems(cfg: RecipeConfig) -> list[Problem]:
-    """The problem set as the driver will read it, through the model's tokenizer and chat template:
-    a malformed record, or a prompt longer than data.max_prompt_tokens (which would fail when drawn,
-    hours into a run), is refused here. Needs transformers: only reached with readable files."""
-    from transformers import AutoTokenizer
-
-    from megatron_rl.data.task import ProblemTask
-
-    d, ckpt = cfg.data, cfg.model.hf_checkpoint
-    try:
-        tok = AutoTokenizer.from_pretrained(ckpt)
-    except Exception as e:  # OSError, ValueError, huggingface_hub's validation errors: any is a refusal
-        return [Problem("model.hf_checkpoint", ckpt, f"holds no tokenizer transformers can load: {e}")]
-    try:
-        task = ProblemTask.from_config(cfg, tok)
-    except (ValueError, OSError) as e:
-        return [Problem("data.source", d.source, f"cannot be read as problems: {e}")]
-    cap = cfg.data.max_prompt_tokens
-    try:
-        sizes = [(len(task.encode_prompt(p.prompt)), p.id) for p in task.problems[:MAX_PROMPTS_CHECKED]]
-    except Exception as e:  # the chat template raised (jinja's TemplateError), or refused a system message
-        key = "data.system_prompt" if d.system_prompt else "model.hf_checkpoint"
-        value = d.system_prompt if d.system_prompt else ckpt
-        return [Problem(key, value, f"the tokenizer's chat template fails on the prompts: {e}")]
-    long = sorted((n, pid) for n, pid in sizes if n > cap)
-    if not long:
-        return []
-    n, pid = long[-1]
-    return [
-        Problem(
-            "data.max_prompt_tokens",
-            cap,
-            f"{len(long)} of {len(sizes)} prompts are longer (the longest: problem {pid!r}, {n} tokens with "
-            "the chat template); raise it or drop those problems",
-        )
-    ]
-
-
-def stop_id_problems(model) -> list[Problem]:
-    """The end ids the engines will stop at, read from the checkpoint as the driver reads them: a file
-    that does not parse, or an id past the vocabulary, is refused here rather than when engines start."""
-    if not model.hf_checkpoint or not (Path(model.hf_checkpoint) / "config.json").is_file():
-        return []
-    from megatron_rl.models.checkpoint import stop_token_ids
-
-    try:
-        ids = stop_token_ids(model.hf_checkpoint)
-    except (ValueError, OSError) as e:
-        return [
-            Problem("model.hf_checkpoint", model.hf_checkpoint, f"its end-of-sequence ids do not read: {e}")
-        ]
-    past = [i for i in ids if model.vocab_size is not None and i >= model.vocab_size]
-    if past:
-        return [
-            Problem(
-                "model.hf_checkpoint",
-                model.hf_checkpoint,
-                f"names end ids {past} at or past model.vocab_size={model.vocab_size}",
-            )
-        ]
-    return []
-
-
-def file_problems(cfg: RecipeConfig) -> list[Problem]:
-    """Paths the recipe names that cannot be read from this machine."""
-    out = []
-    ckpt = cfg.model.hf_checkpoint
-    if ckpt and not (Path(ckpt) / "config.json").is_file() and cfg.model.num_layers is not None:
-        out.append(
-            Problem(
-                "model.hf_checkpoint",
-                ckpt,
-                "holds no config.json (an HF model directory is expected)",
-                "files",
-            )
-        )
-    resume = cfg.checkpoint.resume
-    if resume not in ("auto", "none") and not Path(resume).expanduser().is_dir():
-        out.append(
-            Problem(
-                "checkpoint.resume",
-                resume,
-                "is neither auto, none nor an existing checkpoint folder (a step folder or a run's folder of them)",
-                "files",
-            )
-        )
-    for key in ("logger.run_dir", "checkpoint.dir"):
-        where = Path(_get(cfg, key)).expanduser()
-        blocked = next((p for p in (where, *where.parents) if p.exists() and not p.is_dir()), None)
-        if blocked is not None:
-            out.append(Problem(key, str(where), f"cannot be a folder: {blocked} is a file", "files"))
-    if cfg.reward.kind == "function" and re.fullmatch(r"[\w.]+:\w+", cfg.reward.function):
-        import importlib.util
-
-        module = cfg.reward.function.split(":")[0]
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            out.append(
-                Problem(
-                    "reward.function",
-                    cfg.reward.function,
-                    f"module {module!r} is not importable here",
-                    "files",
-                )
-            )
-    source = cfg.data.source
-    if source != "synthetic":
-        from megatron_rl.data.sources import source_problem
-
-        why = source_problem(source)
-        if why:
-            out.append(Problem("data.source", source, why, "files"))
     return out
 
 

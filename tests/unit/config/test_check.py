@@ -8,7 +8,8 @@ import typing
 
 import pytest
 
-from megatron_rl.check import ENUMS, NUMERIC, check_recipe, refused
+from megatron_rl.check import check_recipe, refused
+from megatron_rl.check_ranges import ENUMS, NUMERIC
 from megatron_rl.config import schema
 from megatron_rl.config.load import load_recipe
 
@@ -35,7 +36,7 @@ def test_every_numeric_key_of_the_schema_has_a_range():
     keys = _numeric_keys(schema.RecipeConfig)
     assert len(keys) > 60, keys  # the walk found the schema
     missing = [k for k in keys if k not in NUMERIC and k not in ENUMS and k not in CONVENTION]
-    assert missing == [], f"give these a range in megatron_rl/check.py NUMERIC: {missing}"
+    assert missing == [], f"give these a range in megatron_rl/check_ranges.py NUMERIC: {missing}"
     stale = [k for k in NUMERIC if k not in keys]
     assert stale == [], f"NUMERIC names keys the schema does not have: {stale}"
 

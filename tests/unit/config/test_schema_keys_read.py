@@ -4,13 +4,13 @@ The tiny recipe is loaded and each group dataclass (and the recipe itself) is gi
 records which of its fields are read, and from where. Then the code that consumes a recipe without
 processes or GPUs runs on it: the recipe check, the planner, the model spec, the optimizer settings,
 the Slurm request, the task, the checkpoint interval. A read counts only when it comes from the
-package itself and not from `check.py` or `config/schema.py`: a key that is only validated is still
+package itself and not from the recipe check (`check*.py`) or `config/schema.py`: a key that is only validated is still
 ignored (`optim.warmup_steps` was: range-checked, read nowhere).
 
 Keys read only on paths this test cannot run (the driver loop, the engine, the reward pool, the
 process groups) are listed in READ_ELSEWHERE with the function that reads them; the test checks that
 each function's source really reads that field. A selector whose only admitted value is the one
-behaviour there is (`ENUMS` in check.py holds one value: any other is refused) needs no reader.
+behaviour there is (`ENUMS` in check_ranges.py holds one value: any other is refused) needs no reader.
 A new schema key that nothing reads fails here.
 """
 
@@ -28,7 +28,12 @@ from megatron_rl.config.load import load_recipe
 from megatron_rl.config.schema import GROUPS, RecipeConfig
 
 PACKAGE = Path(importlib.import_module("megatron_rl").__file__).parent
-NOT_EVIDENCE = {PACKAGE / "check.py", PACKAGE / "config" / "schema.py"}
+NOT_EVIDENCE = {
+    PACKAGE / "check.py",
+    PACKAGE / "check_ranges.py",
+    PACKAGE / "check_files.py",
+    PACKAGE / "config" / "schema.py",
+}
 
 # key -> "module:function" that reads it, on a path that needs processes, an engine or a GPU.
 READ_ELSEWHERE = {
@@ -81,7 +86,7 @@ READ_ELSEWHERE = {
 
 
 def _single_choice() -> set[str]:
-    from megatron_rl.check import ENUMS
+    from megatron_rl.check_ranges import ENUMS
 
     return {k for k, allowed in ENUMS.items() if len(allowed) == 1}
 
