@@ -134,9 +134,8 @@ def generate_and_score(
         if name in getattr(timer, "stats", {}):
             stats.mem_gib[name] = max(stats.mem_gib.get(name, 0.0), timer.stats[name].mem_gib)
     out = []
-    local_of = {g: i for i, g in enumerate(global_index)}
     for key, s in pending.items():
-        if not quota.kept(local_of[key[0]]):
+        if not quota.kept(s.prompt_index):  # the engine's own (local) prompt index
             continue  # generated and scored, but its group finished after the quota was met
         r = results[key]
         stats.scoring_busy_s += r.seconds

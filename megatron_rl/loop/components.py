@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
 import torch.distributed as dist
 
 from megatron_rl.models.dtypes import hf_dtype_name
@@ -29,18 +30,12 @@ def build_engine(cfg, procs: Processes, run_dir: Path):
 
     Collective over the default world: every rank when colocated, the engine pool when separated (vLLM
     builds its groups from the default world, and there it must see the pool's ranks: loop/pools.py)."""
-    import os
-
     from megatron_rl.models.tiny import hf_config
     from megatron_rl.rollout.vllm_engine import VLLMEngine
 
     lay = cfg.layout
     spec = ModelSpec.from_config(cfg.model)
     model_dir = run_dir.parent / f".{run_dir.name}-engine-config"
-    if procs.pools is not None:
-        from megatron_rl.loop.pools import pool_env_for_engine
-
-        os.environ.update(pool_env_for_engine(procs.pools))
     if procs.rank == procs.layout.engine_ranks(0)[0]:
         # The engine starts from a config alone (dummy weights); version 0 is published before it serves.
         model_dir.mkdir(parents=True, exist_ok=True)
@@ -109,8 +104,6 @@ def build_publisher(cfg, layout: ParallelLayout, engine, group=None):
     from megatron_rl.rollout.sink import VLLMEngineSink
 
     spec = ModelSpec.from_config(cfg.model)
-    import torch
-
     links = Links.from_cluster(cfg.cluster)
     delivery = delivery_for(engine.on_gpu if engine is not None else torch.cuda.is_available())
     return Publisher(

@@ -59,7 +59,9 @@ def serve(cfg, procs, run) -> int:
                 collect_batch(
                     cfg, engine, engine_index, is_leader, task, pool, run.timer, t, group=procs.job_cpu_group
                 )
-            run.timer.take(), run.timer.take_spans()  # the trainer records the engines' timing it receives
+            # The trainer records the engines' timing from the batches it receives; none is kept here.
+            run.timer.take()
+            run.timer.take_spans()
     finally:
         if pool is not None:
             pool.close()

@@ -24,7 +24,6 @@ carries host objects (sample batches, control flags); on CPU both are gloo, and 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -132,6 +131,5 @@ def start_pools(layout: ParallelLayout, backend: str, timeout_s: float, env: Dis
 
 def pool_env_for_engine(pools: Pools) -> dict[str, str]:
     """The environment vLLM's external launcher reads (RANK, WORLD_SIZE): the engine pool's, not the
-    job's. Applied to os.environ on engine ranks before the engine is built."""
-    env = pools.pool_env.export(dict(os.environ))
-    return {k: env[k] for k in ("RANK", "WORLD_SIZE")}
+    job's. Set on engine ranks once their pool exists (loop/processes.py), before the engine is built."""
+    return {"RANK": str(pools.pool_rank), "WORLD_SIZE": str(pools.pool_size)}

@@ -7,10 +7,11 @@ has any business with the console or the sinks.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from megatron_rl.layout import ParallelLayout
-from megatron_rl.loop.pools import Pools, start_pools
+from megatron_rl.loop.pools import Pools, pool_env_for_engine, start_pools
 from megatron_rl.trainer.parallel import ParallelState, init_parallel
 
 
@@ -47,6 +48,7 @@ class Processes:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             pools = start_pools(layout, backend, timeout_s)
             if not pools.is_trainer:
+                os.environ.update(pool_env_for_engine(pools))  # what vLLM's launcher reads
                 group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
                 return cls(None, None, pools, group, layout)
         state = init_parallel(
