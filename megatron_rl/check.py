@@ -143,6 +143,37 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
                 f"adds no prompt to an engine with {share} of the {data.prompts_per_step} prompts per step "
                 f"({lay.engine_count} engines): use at least {(share + 1) / share:.3g}, or 1 to turn it off",
             )
+    # Partial rollouts cut what still runs once the first groups are done: with nothing in flight beyond
+    # the batch, every group must finish and nothing is ever cut.
+    if ro.partial and ro.oversample <= 1:
+        bad(
+            "rollout.partial",
+            "cuts the groups still running once the batch's groups have finished, and with "
+            "rollout.oversample=1 every group in flight is needed: set rollout.oversample > 1 (e.g. 1.5: "
+            "1.5 x the prompts in flight, the first prompts_per_step to finish train), or rollout.partial=false",
+        )
+    if ro.partial and alg.dynamic_sampling:
+        bad(
+            "rollout.partial",
+            "does not combine with algorithm.dynamic_sampling yet (a resampling round would continue "
+            "another round's cut groups); turn one of them off",
+        )
+    if ro.partial and alg.truncated_is_cap <= 0 and alg.old_logprobs != "engine":
+        bad(
+            "algorithm.truncated_is_cap",
+            "is 0 with rollout.partial=true: a continued sample holds tokens drawn up to "
+            f"rollout.partial_max_cuts={ro.partial_max_cuts} versions before the one trained, and without a "
+            "correction the loss treats them as on-policy. Set algorithm.truncated_is_cap (e.g. 2.0), or "
+            "algorithm.old_logprobs=engine",
+        )
+    if data.tail_share > 0 and data.source != "synthetic":
+        bad("data.tail_share", "shapes the synthetic task's answer lengths: set data.source=synthetic, or 0")
+    if data.tail_share > 0 and data.short_answer_tokens >= ro.max_new_tokens:
+        bad(
+            "data.short_answer_tokens",
+            f"must be below rollout.max_new_tokens={ro.max_new_tokens} with data.tail_share > 0, or no "
+            "answer is shorter than the long ones",
+        )
     # Asynchronous batches come from an older policy than the one trained: the loss must correct for it.
     if lay.synchrony == "async" and alg.truncated_is_cap <= 0 and alg.old_logprobs != "engine":
         bad(

@@ -82,10 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         refusals = RefusalPolicy(publisher, ro.on_refused_publication, ro.max_refused_publications)
         checkpointer = components.build_checkpointer(cfg, procs, run.name)
         save_every = components.checkpoint_interval(cfg)
-        start = components.resume(cfg, procs, run, policy, reference, task)  # 0 unless a checkpoint is found
+        # 0 unless a checkpoint is found; with partial rollouts, the groups it carried into its next batch
+        start, carried = components.resume(cfg, procs, run, policy, reference, task)
         preemption = Preemption(procs.cpu_group)
     publisher.next_version = start + 1  # step s samples from version s + 1 (at most k older when async)
-    feed = Feed(cfg, procs, run, policy, task, refusals, start, colocated)
+    feed = Feed(cfg, procs, run, policy, task, refusals, start, colocated, carried)
     temp = components.trainer_temperature(ro)  # trainer log-probs follow the engine's convention
     if start >= cfg.steps:
         run.say(
@@ -160,9 +161,10 @@ def main(argv: list[str] | None = None) -> int:
             train_metrics.append(out)
         feed.after_train(step)  # asynchronous: the batch the engines drew meanwhile, k steps ahead
 
-        # Asynchronous, the samples' policy is `lag` updates older than the trainer's: the agreement then
-        # measures that drift too, not only engine/trainer numerics (exact on lag-0 batches: the first).
-        agreement["version_lag"] = lag["max"]
+        # The agreement compares the tokens of the batch's newest version. Asynchronous (or a batch of carried
+        # groups only), that version is older than the trainer's: it then measures that drift too, not only
+        # engine/trainer numerics (exact on lag-0 versions).
+        agreement["version_lag"] = feed.lag_of(agreement["version"], step)
         metrics = step_metrics(samples, stats, agreement, train_metrics, publication, run)
         extra = {"sampling_rounds": rounds, "old_logprobs": source, "version_lag": lag}
         extra["rollout_wait_s"] = feed.take_wait()  # separated: the trainer idle, waiting on the engines
@@ -170,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         preempted = preemption.requested()
         checkpointer.poll()
         if components.save_due(save_every, cfg.steps, step + 1, preempted):
-            state = components.run_state(cfg, procs.layout, feed.task_state(step + 1), step + 1)
+            position = feed.task_state(step + 1), step + 1, feed.carry_state(step + 1)
+            state = components.run_state(cfg, procs.layout, *position)
             checkpointer.save(step + 1, policy, reference, state)
         if preempted:
             feed.stop(step)

@@ -141,6 +141,12 @@ class RolloutConfig:
     # first groups whose samples have all finished; the rest are cut and dropped. Biased toward prompts
     # with short completions (the groups that finish last are the long ones): see README.
     oversample: float = 1.0
+    # Partial rollouts (needs oversample > 1): the groups still running when the batch's first groups
+    # have finished are cut, not dropped: their tokens (with log-probs and versions) are kept and the next
+    # batch continues them first under the newer version (loop/carry.py). A group cut partial_max_cuts
+    # times is not cut again: the batch waits for it, which bounds a token's age.
+    partial: bool = False
+    partial_max_cuts: int = 2
 
 
 @dataclass
@@ -178,6 +184,11 @@ class DataConfig:
     max_prompt_tokens: int = 256
     shuffle: bool = True
     seed: int = 0
+    # data.source=synthetic only: a long-tailed mix of answer lengths (benchmarks/async.py). A share
+    # `tail_share` of the prompts ask for answers of up to rollout.max_new_tokens; the others are capped
+    # at `short_answer_tokens`. 0: every prompt's answer may run to rollout.max_new_tokens.
+    tail_share: float = 0.0
+    short_answer_tokens: int = 4
 
 
 @dataclass

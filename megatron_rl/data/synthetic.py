@@ -16,6 +16,12 @@ from scratch on 2 CPU cores in minutes, yet every reward goes through untrusted-
 
 The character tokenizer is the task's own: the engines run with `skip_tokenizer_init` and token-id
 prompts, so no HF tokenizer files are needed.
+
+A long-tailed variant (`data.tail_share` > 0) measures what the longest completions cost
+(benchmarks/async.py): a share `tail_share` of the prompts may be answered in up to
+rollout.max_new_tokens tokens, the others are capped at `data.short_answer_tokens` (each prompt's
+`max_new_tokens`, which the engine honours per request). The tiny policy does not choose its length
+from the prompt, so it is the cap that makes the tail: with no stop id, every sample runs to its cap.
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ class ArithmeticPrompt:
     target: int
     prompt_ids: list[int]
     problem_id: str
+    max_new_tokens: int | None = None  # this prompt's answer cap (None: rollout.max_new_tokens)
 
 
 TESTS_TEMPLATE = (
@@ -83,9 +90,17 @@ TESTS_TEMPLATE = (
 class ArithmeticTask:
     """Endless prompts with targets in [0, max_target], drawn from a seeded generator."""
 
-    def __init__(self, seed: int = 0, max_target: int = 20, tokenizer: CharTokenizer | None = None):
+    def __init__(
+        self,
+        seed: int = 0,
+        max_target: int = 20,
+        tokenizer: CharTokenizer | None = None,
+        tail_share: float = 0.0,
+        short_answer_tokens: int = 4,
+    ):
         self.tok = tokenizer or CharTokenizer()
         self.max_target = max_target
+        self.tail_share, self.short_answer_tokens = tail_share, short_answer_tokens
         self.rng = random.Random(seed)
         self.drawn = 0
 
@@ -93,10 +108,27 @@ class ArithmeticTask:
         out = []
         for _ in range(n):
             t = self.rng.randint(0, self.max_target)
-            ids = [self.tok.bos_id, *self.tok.encode(f"{t}=")]
-            out.append(ArithmeticPrompt(target=t, prompt_ids=ids, problem_id=f"arith-{self.drawn}"))
+            cap = None  # without a tail, every answer may run to rollout.max_new_tokens
+            if self.tail_share > 0 and self.rng.random() >= self.tail_share:
+                cap = self.short_answer_tokens
+            out.append(self._prompt(t, f"arith-{self.drawn}", cap))
             self.drawn += 1
         return out
+
+    def _prompt(self, target: int, problem_id: str, cap: int | None) -> ArithmeticPrompt:
+        ids = [self.tok.bos_id, *self.tok.encode(f"{target}=")]
+        return ArithmeticPrompt(target=target, prompt_ids=ids, problem_id=problem_id, max_new_tokens=cap)
+
+    def prompt_record(self, prompt: ArithmeticPrompt) -> dict:
+        """A drawn prompt as JSON (a checkpoint's carried groups: loop/carry.py)."""
+        return {
+            "target": prompt.target,
+            "problem_id": prompt.problem_id,
+            "max_new_tokens": prompt.max_new_tokens,
+        }
+
+    def prompt_from_record(self, record: dict) -> ArithmeticPrompt:
+        return self._prompt(int(record["target"]), str(record["problem_id"]), record["max_new_tokens"])
 
     def state(self) -> dict:
         """Everything needed to continue the prompt stream exactly (for checkpoints)."""

@@ -23,6 +23,7 @@ from megatron_rl.data.problems import Problem, load_problems
 class ProblemPrompt:
     problem: Problem
     prompt_ids: list[int]
+    index: int = -1  # the problem's position in the task's problem list
 
 
 class ProblemTask:
@@ -71,14 +72,15 @@ class ProblemTask:
     def draw(self, n: int) -> list[ProblemPrompt]:
         out = []
         for _ in range(n):
-            p = self.problems[self._next_index()]
+            index = self._next_index()
+            p = self.problems[index]
             ids = self.encode_prompt(p.prompt)
             if len(ids) > self.max_prompt_tokens:
                 raise ValueError(
                     f"problem {p.id!r}: prompt has {len(ids)} tokens > data.max_prompt_tokens="
                     f"{self.max_prompt_tokens}; raise it or drop the problem"
                 )
-            out.append(ProblemPrompt(p, list(ids)))
+            out.append(ProblemPrompt(p, list(ids), index))
             self.drawn += 1
         return out
 
@@ -113,6 +115,22 @@ class ProblemTask:
         v = state["rng"]
         self.rng.setstate((v[0], tuple(v[1]), v[2]))
         self.order, self.drawn = list(state["order"]), state["drawn"]
+
+    def prompt_record(self, prompt: ProblemPrompt) -> dict:
+        """A drawn prompt as JSON (a checkpoint's carried groups: loop/carry.py): its problem's position
+        and id, checked on load against the problem list the resumed run reads."""
+        return {"index": prompt.index, "id": prompt.problem.id}
+
+    def prompt_from_record(self, record: dict) -> ProblemPrompt:
+        index = int(record["index"])
+        if not 0 <= index < len(self.problems) or self.problems[index].id != record["id"]:
+            raise ValueError(
+                f"the checkpoint carries problem {record['id']!r} at position {index}, which this run's "
+                f"data.source ({len(self.problems)} problems) does not hold there: resume with the data the "
+                "run started with"
+            )
+        p = self.problems[index]
+        return ProblemPrompt(p, list(self.encode_prompt(p.prompt)), index)
 
     def program(self, completion_ids: list[int]) -> str:
         return self.tok.decode(completion_ids, skip_special_tokens=True)

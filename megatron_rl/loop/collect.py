@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch.distributed as dist
 
+from megatron_rl.loop.carry import CarriedGroup, carry_split
 from megatron_rl.rollout.types import Sample
 
 
@@ -38,16 +39,22 @@ class CollectStats:
     # rollout.oversample, over all engines: prompts drawn, and samples cut or dropped with their groups
     drawn_prompts: int = 0
     dropped_samples: int = 0
+    # rollout.partial, over all engines: cut samples this batch continued, and samples it cut
+    continued_samples: int = 0
+    cut_samples: int = 0
 
 
 class GroupQuota:
     """rollout.oversample: keep the first `keep` prompts whose n samples have all finished (None: all).
 
     Fed each finished sample's prompt index in finish order; `full` says when enough groups are
-    complete, and the engine's stream is then closed (it aborts what still runs)."""
+    complete, and the engine's stream is then closed (it aborts what still runs). `forced` (partial
+    rollouts: groups cut rollout.partial_max_cuts times already) are kept first, and the quota is not full
+    until the first `keep` of them are complete."""
 
-    def __init__(self, n: int, keep: int | None):
+    def __init__(self, n: int, keep: int | None, forced: list[int] | None = None):
         self.n, self.keep = n, keep
+        self.forced = list(forced or [])[: keep if keep is not None else None]
         self.count: dict[int, int] = {}
         self.complete: list[int] = []
 
@@ -58,10 +65,15 @@ class GroupQuota:
 
     @property
     def full(self) -> bool:
-        return self.keep is not None and len(self.complete) >= self.keep
+        if self.keep is None or len(self.complete) < self.keep:
+            return False
+        return all(p in self.complete for p in self.forced)
 
     def kept(self, prompt_index: int) -> bool:
-        return self.keep is None or prompt_index in self.complete[: self.keep]
+        if self.keep is None:
+            return True
+        others = [p for p in self.complete if p not in self.forced]
+        return prompt_index in self.forced + others[: self.keep - len(self.forced)]
 
 
 def engine_prompts(num_prompts: int, engine_index: int, engine_count: int) -> list[int]:
@@ -95,35 +107,52 @@ def generate_and_score(
     stats: CollectStats,
     call_id: int,
     keep_groups: int | None = None,
-) -> list[Sample]:
-    """This engine's samples, scored (only the engine's leader returns them; other TP ranks get []).
+    carried: dict[int, CarriedGroup] | None = None,
+    max_cuts: int = 1,
+) -> tuple[list[Sample], list[CarriedGroup]]:
+    """This engine's samples, scored, and the groups it cut (only the engine's leader returns them; other
+    TP ranks get ([], [])).
 
     `keep_groups` (rollout.oversample): return only the first `keep_groups` prompts to have all n
-    samples finished, and stop generating then; the others' samples are dropped (counted in stats)."""
+    samples finished, and stop generating then; the others' samples are dropped (counted in stats).
+    `carried` (rollout.partial; local prompt index -> its carried group): the others are cut and returned
+    instead, and the carried groups' cut samples are continued, their finished ones kept as scored."""
+    partial = carried is not None
+    carried = carried or {}
+    forced = [i for i in sorted(carried) if carried[i].cuts >= max_cuts]
+    quota = GroupQuota(n, keep_groups, forced)
+    requests, fresh = [], [i for i in range(len(prompts)) if i not in carried]
+    caps = [getattr(prompts[i], "max_new_tokens", None) for i in fresh]
+    for r in engine.requests_for([prompts[i].prompt_ids for i in fresh], n, max_tokens=caps):
+        requests.append(replace(r, prompt_index=fresh[r.prompt_index]))
+    for i, group in sorted(carried.items()):
+        for _ in group.finished:
+            quota.add(i)
+        requests += [replace(c, prompt_index=i) for c in group.partial]
+    held = {(r.prompt_index, r.sample_index): len(r.token_ids) for r in requests}
     pending: dict[tuple[int, int], object] = {}
     t0 = time.perf_counter()
     finished: list[float] = []
-    quota = GroupQuota(n, keep_groups)
     with timer.phase("generation"):
-        stream = engine.generate_stream([p.prompt_ids for p in prompts], n, call_id=call_id)
-        for s in stream:
+        stream = engine.generate_requests(requests, call_id=call_id, keep_partial=partial)
+        for s in stream if not quota.full else ():
             quota.add(s.prompt_index)
             finished.append(time.perf_counter() - t0)
-            stats.generated_tokens += len(s.token_ids)
+            stats.generated_tokens += len(s.token_ids) - held[(s.prompt_index, s.sample_index)]
             if is_leader:
                 key = (global_index[s.prompt_index], s.sample_index)
                 pending[key] = s
                 pool.submit(key, task.problem(prompts[s.prompt_index]), task.program(s.token_ids))
             if quota.full:
                 break
-        close = getattr(stream, "close", None)  # a generator: closing it aborts what still runs
-        if close is not None:
-            close()  # every rank of the engine stops at the same sample
+        stream.close()  # aborts what still runs; every rank of the engine stops at the same sample
     stats.generation_s += time.perf_counter() - t0
     stats.finish_s.append(finished)
     stats.call_s.append(time.perf_counter() - t0)
+    cut = list(getattr(stream, "cut", []))
+    stats.generated_tokens += sum(len(c.token_ids) - held[(c.prompt_index, c.sample_index)] for c in cut)
     if not is_leader:
-        return []
+        return [], []
     t1 = time.perf_counter()
     results = {}
     with timer.phase("scoring"):
@@ -133,45 +162,42 @@ def generate_and_score(
     for name in ("generation", "scoring"):
         if name in getattr(timer, "stats", {}):
             stats.mem_gib[name] = max(stats.mem_gib.get(name, 0.0), timer.stats[name].mem_gib)
-    out = []
+    scored: dict[int, list[Sample]] = {i: [replace(x) for x in g.finished] for i, g in carried.items()}
     for key, s in pending.items():
-        if not quota.kept(s.prompt_index):  # the engine's own (local) prompt index
-            continue  # generated and scored, but its group finished after the quota was met
         r = results[key]
         stats.scoring_busy_s += r.seconds
-        out.append(
-            Sample(
-                prompt_index=key[0],
-                sample_index=key[1],
-                prompt_ids=list(s.prompt_ids),
-                token_ids=list(s.token_ids),
-                logprobs=list(s.logprobs),
-                finish_reason=s.finish_reason,
-                truncated=bool(s.truncated),
-                version=s.version,
-                reward=float(r.reward),
-                status=r.status,
-            )
-        )
+        scored.setdefault(s.prompt_index, []).append(replace(s, reward=float(r.reward), status=r.status))
+    out, left = [], []
+    for i in range(len(prompts)):
+        mine = sorted(scored.get(i, []), key=lambda x: x.sample_index)
+        if quota.kept(i):  # the engine's own (local) prompt index
+            out += [replace(x, prompt_index=global_index[i]) for x in mine]
+        elif partial:  # cut: carried into the next batch with what it has
+            rest = [c for c in cut if c.prompt_index == i]
+            left.append(CarriedGroup(prompts[i], mine, rest, carried[i].cuts + 1 if i in carried else 1))
+        # else: generated and scored, but its group finished after the quota was met: dropped
     stats.samples += len(out)
-    return out
+    return out, left
 
 
 def gather_all(
-    local: list[Sample], group=None, stats: CollectStats | None = None
-) -> tuple[list[Sample], CollectStats | None]:
-    """Every rank's scored samples on every rank, prompt-major (the order group advantages need), and
-    of the `stats` the ranks passed, the slowest engine's (a separated job's trainer ranks have none of
-    their own; the step's generation is as long as its slowest engine)."""
+    local: list[Sample], group=None, stats: CollectStats | None = None, cut: list[CarriedGroup] | None = None
+) -> tuple[list[Sample], CollectStats | None, list[CarriedGroup]]:
+    """Every rank's scored samples on every rank, prompt-major (the order group advantages need); of the
+    `stats` the ranks passed, the slowest engine's (a separated job's trainer ranks have none of their
+    own; the step's generation is as long as its slowest engine); and every rank's cut groups, in rank
+    order (rollout.partial: every rank holds the same carry)."""
+    cut = list(cut or [])
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         parts: list[tuple | None] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(parts, (local, stats), group=group)
+        dist.all_gather_object(parts, (local, stats, cut), group=group)
         local = [s for p in parts for s in (p[0] if p else [])]
+        cut = [g for p in parts for g in (p[2] if p else [])]
         given = [p[1] for p in parts if p and p[1] is not None]
         stats = max(given, key=lambda c: c.generation_s + c.scoring_tail_s) if given else None
         if stats is not None:  # timings: the slowest engine's; memory: the largest of any engine
             stats.mem_gib = {k: max(c.mem_gib.get(k, 0.0) for c in given) for k in stats.mem_gib}
-    return sorted(local, key=lambda s: (s.prompt_index, s.sample_index)), stats
+    return sorted(local, key=lambda s: (s.prompt_index, s.sample_index)), stats, cut
 
 
 def _groups(samples: list[Sample]) -> list[list[Sample]]:
@@ -181,11 +207,16 @@ def _groups(samples: list[Sample]) -> list[list[Sample]]:
     return [out[k] for k in sorted(out)]
 
 
-def collect_batch(cfg, engine, engine_index: int, is_leader: bool, task, pool, timer, step: int, group=None):
+def collect_batch(
+    cfg, engine, engine_index: int, is_leader: bool, task, pool, timer, step: int, group=None, carry=None
+):
     """One step's batch: `data.prompts_per_step` groups of `samples_per_prompt` scored samples.
 
     `engine` None: a separated job's trainer rank, which receives the batch; `group` is then the job's
     host group (loop/pools.py), over which every gather of this call runs.
+
+    `carry` (rollout.partial; a list, the same on every rank): the groups earlier batches cut, continued
+    first; replaced in place by the groups this batch cuts (loop/carry.py).
 
     With `algorithm.dynamic_sampling`, groups whose rewards are all equal (no learning signal) are set
     aside and more prompts are drawn, up to `max_resample_rounds` extra rounds; if the rounds run out,
@@ -194,23 +225,36 @@ def collect_batch(cfg, engine, engine_index: int, is_leader: bool, task, pool, t
     """
     from megatron_rl.algorithms import fill_batch, informative_groups
 
-    algo, n, target = cfg.algorithm, cfg.rollout.samples_per_prompt, cfg.data.prompts_per_step
+    algo, ro, n, target = (
+        cfg.algorithm,
+        cfg.rollout,
+        cfg.rollout.samples_per_prompt,
+        cfg.data.prompts_per_step,
+    )
+    partial = ro.partial
+    if partial and (carry is None or algo.dynamic_sampling):
+        raise ValueError("rollout.partial needs the run's carry, and does not combine with dynamic sampling")
     stats = CollectStats()
     kept: list[list[Sample]] = []
     spare: list[list[Sample]] = []
     drawn, rounds, want = 0, 0, target
     while want > 0:
-        total, split, quotas = oversampled_split(want, cfg.layout.engine_count, cfg.rollout.oversample)
-        prompts = task.draw(total)
-        stats.drawn_prompts += len(prompts)
-        stats.dropped_samples += (len(prompts) - want) * n
-        local = []
+        carried = list(carry) if partial else []
+        if partial:
+            count, split, quotas = carry_split(want, cfg.layout.engine_count, ro.oversample, len(carried))
+        else:
+            count, split, quotas = oversampled_split(want, cfg.layout.engine_count, ro.oversample)
+        items = carried + task.draw(count)  # partial: carried groups first, then the new prompts
+        stats.drawn_prompts += count
+        if not partial:
+            stats.dropped_samples += (len(items) - want) * n
+        local, cut = [], []
         if engine is not None and split[engine_index]:
             mine, quota = split[engine_index], quotas[engine_index]
-            local = generate_and_score(
+            local, cut = generate_and_score(
                 engine,
                 is_leader,
-                [prompts[i] for i in mine],
+                [items[i].prompt if i < len(carried) else items[i] for i in mine],
                 mine,
                 n,
                 task,
@@ -219,12 +263,18 @@ def collect_batch(cfg, engine, engine_index: int, is_leader: bool, task, pool, t
                 stats,
                 call_id=step * 1000 + rounds,
                 keep_groups=quota if len(mine) > quota else None,
+                carried={k: items[i] for k, i in enumerate(mine) if i < len(carried)} if partial else None,
+                max_cuts=ro.partial_max_cuts,
             )
         # Engine leaders send their timing for a trainer that has none of its own (separated).
         own = stats if engine is not None and is_leader else None
-        gathered, theirs = gather_all(local, group, own if group is not None else None)
+        gathered, theirs, cut = gather_all(local, group, own if group is not None else None, cut)
         if engine is None and theirs is not None:
             stats = theirs
+        if partial:  # counted from the carry, which every rank holds whole
+            stats.continued_samples += sum(len(g.partial) for g in carried)
+            stats.cut_samples += sum(len(g.partial) for g in cut)
+            carry[:] = cut
         groups = _groups(gathered)
         if not algo.dynamic_sampling:
             kept = groups

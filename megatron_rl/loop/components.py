@@ -77,7 +77,8 @@ def build_task(cfg):
     if cfg.data.source == "synthetic":
         from megatron_rl.data.synthetic import ArithmeticTask
 
-        return ArithmeticTask(seed=cfg.data.seed)
+        d = cfg.data
+        return ArithmeticTask(seed=d.seed, tail_share=d.tail_share, short_answer_tokens=d.short_answer_tokens)
     from megatron_rl.data.task import ProblemTask
 
     return ProblemTask.from_config(cfg)
@@ -132,28 +133,33 @@ def build_checkpointer(cfg, procs: Processes, name: str):
     return Checkpointer(Path(c.dir) / name, procs, c.keep_last, c.keep_every, c.async_save)
 
 
-def resume(cfg, procs: Processes, run: RunLog, policy, reference, task) -> int:
+def resume(cfg, procs: Processes, run: RunLog, policy, reference, task) -> tuple[int, list[dict]]:
     """The step to start from: 0, or that of the checkpoint `checkpoint.resume` selects (auto: the newest
-    that verifies). Every rank takes part: verifying re-hashes a share of the files on each."""
+    that verifies), and the groups it carried (rollout.partial: loop/carry.py records). Every rank takes
+    part: verifying re-hashes a share of the files on each."""
     from megatron_rl.checkpoint.resume import find, load
 
     path = find(cfg.checkpoint.resume, Path(cfg.checkpoint.dir) / run.name)
     box = [str(path) if path else None]
     dist.broadcast_object_list(box, src=0)  # every rank loads the same checkpoint
     if box[0] is None:
-        return 0
+        return 0, []
     state = load(Path(box[0]), procs.rank, policy, reference, task)
     run.say(f"resumed from {box[0]} at step {state['step']}")
-    return int(state["step"])
+    return int(state["step"]), state.get("carry", [])
 
 
-def run_state(cfg, layout: ParallelLayout, task_state: dict, step: int) -> dict:
+def run_state(
+    cfg, layout: ParallelLayout, task_state: dict, step: int, carry: list[dict] | None = None
+) -> dict:
     """What a checkpoint after `step` steps keeps besides the weights. `task_state`: the task's position
-    before the batch of `step` was drawn (loop/feed.py: engines that run ahead have drawn further)."""
+    before the batch of `step` was drawn (loop/feed.py: engines that run ahead have drawn further);
+    `carry`: the groups carried into that batch (rollout.partial, loop/carry.py records)."""
     return {
         "step": step,
         "version": step,  # samples of step s (0-based) are drawn with version s
         "task": task_state,
+        "carry": carry or [],
         "world_size": dist.get_world_size(),
         "layout": layout.sizes(),
         "seed": cfg.seed,

@@ -6,8 +6,9 @@ the other side: a control word from job rank 0 (go on, or stop: a preempted run)
 colocated run), then the batches due, generated with the version just activated, scored in this
 engine leader's share of the reward pool and gathered to every trainer rank (loop/collect.py).
 
-Nothing here is saved in checkpoints: an engine holds only the published policy and the task's
-position, both of which the trainer sends at start (loop/feed.py).
+Nothing here is saved in checkpoints: an engine holds only the published policy, the task's position
+and (rollout.partial) the groups carried between batches, which the trainer sends at start and, for
+the carry, receives with every batch (loop/feed.py, loop/carry.py).
 
 Signals: SIGUSR1/SIGTERM ask the run to save and stop, and they reach every rank; the trainer saves at
 the end of its step and then tells the engines to stop, so an engine that died at once would leave the
@@ -40,9 +41,9 @@ def serve(cfg, procs, run) -> int:
         pool = components.build_reward_pool(cfg, is_leader)
         publisher = components.build_publisher(cfg, procs.layout, engine, group=procs.job_group)
         refusals = RefusalPolicy(publisher, ro.on_refused_publication, ro.max_refused_publications)
-    box = [None, None]
+    box = [None, None, None]
     dist.broadcast_object_list(box, src=0, group=procs.job_cpu_group)  # from the trainer's Feed
-    start, task_state = box
+    start, task_state, carry = box  # carry: rollout.partial's carried groups, else None
     task.load_state(task_state)
     publisher.next_version = start + 1
     _ignore_preemption_signals()  # the trainer saves and tells us to stop; we must not die first
@@ -57,7 +58,16 @@ def serve(cfg, procs, run) -> int:
             due = schedule.batches_before_train(step, start, k, cfg.steps)
             for t in due + schedule.batches_after_train(step, k, cfg.steps):
                 collect_batch(
-                    cfg, engine, engine_index, is_leader, task, pool, run.timer, t, group=procs.job_cpu_group
+                    cfg,
+                    engine,
+                    engine_index,
+                    is_leader,
+                    task,
+                    pool,
+                    run.timer,
+                    t,
+                    group=procs.job_cpu_group,
+                    carry=carry,
                 )
             # The trainer records the engines' timing from the batches it receives; none is kept here.
             run.timer.take()

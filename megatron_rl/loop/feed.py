@@ -9,7 +9,9 @@ steps ahead when asynchronous, so the engines generate step s+k's batch while st
 Checkpoints must not lose or repeat prompts: with the engines ahead, the task has already drawn the
 prompts of batches not trained yet. `task_state(step)` is the task's state from before the batch of
 `step` was drawn, which a checkpoint taken after `step - 1` steps saves; a resumed run draws those
-prompts again, and the engines generate them again with the resumed policy.
+prompts again, and the engines generate them again with the resumed policy. With partial rollouts
+the groups carried into that batch are saved with it (`carry_state`, loop/carry.py), so their tokens
+are neither lost nor drawn twice.
 """
 
 from __future__ import annotations
@@ -21,24 +23,27 @@ from functools import partial
 import torch.distributed as dist
 
 from megatron_rl.loop import schedule
+from megatron_rl.loop.carry import carry_from_record, carry_record
 from megatron_rl.loop.collect import collect_batch
 
 GO, STOP = "go", "stop"
 
 
 class Feed:
-    def __init__(self, cfg, procs, run, policy, task, refusals, start: int, colocated=None):
+    def __init__(self, cfg, procs, run, policy, task, refusals, start: int, colocated=None, carried=None):
         """`colocated`: (timeshare, engine, engine_index, is_leader, reward_pool) of a colocated rank;
-        None on a separated job's trainer rank."""
+        None on a separated job's trainer rank. `carried`: the carry a resumed checkpoint saved (records)."""
         self.cfg, self.procs, self.run, self.policy, self.task = cfg, procs, run, policy, task
         self.refusals, self.start, self.colocated = refusals, start, colocated
         self.k = schedule.staleness(cfg.layout, cfg.rollout)
         self.batches: dict[int, tuple] = {}  # step -> (samples, stats, rounds), drawn, not yet trained
-        self.task_states: dict[int, dict] = {}
+        self.task_states: dict[int, tuple] = {}  # step -> (task state, carry) before its batch was drawn
         self.waited = 0.0
         self.published_at: dict[int, int] = {}  # activated version -> the step whose policy it holds
-        if colocated is None:  # the engines learn where to start, and from which prompts
-            box = [start, task.state()]
+        # rollout.partial: the groups cut by the last batch, the same on every rank of the job
+        self.carry = carry_from_record(carried, task) if cfg.rollout.partial else None
+        if colocated is None:  # the engines learn where to start, from which prompts and carried groups
+            box = [start, task.state(), self.carry]
             dist.broadcast_object_list(box, src=0, group=procs.job_cpu_group)
 
     # ---- the two meetings ----
@@ -59,9 +64,17 @@ class Feed:
         """Step `step`'s scored samples, their CollectStats and the sampling rounds drawn."""
         if self.colocated is not None:
             timeshare, engine, engine_index, is_leader, pool = self.colocated
-            self.task_states[step] = copy.deepcopy(self.task.state())
+            self._keep_position(step)
             out = collect_batch(
-                self.cfg, engine, engine_index, is_leader, self.task, pool, self.run.timer, step
+                self.cfg,
+                engine,
+                engine_index,
+                is_leader,
+                self.task,
+                pool,
+                self.run.timer,
+                step,
+                carry=self.carry,
             )
             timeshare.to_train()  # the engine sleeps; the trainer takes the device back
             return out
@@ -77,9 +90,20 @@ class Feed:
 
     def lag(self, samples, step: int) -> dict:
         """How many updates behind the trained policy the samples' versions are: 0 when synchronous
-        (unless a refused publication left an older version serving), at most k when asynchronous."""
-        lags = [step - self.published_at.get(s.version, step) for s in samples]
-        return {"max": max(lags), "mean": sum(lags) / len(lags)}
+        (unless a refused publication left an older version serving), at most k when asynchronous, plus
+        rollout.partial_max_cuts with partial rollouts. Per sample its oldest token ("max", "mean"), and
+        over every token ("token_mean")."""
+        lags = [self.lag_of(s.version, step) for s in samples]
+        tokens = [self.lag_of(v, step) for s in samples for v in s.versions]
+        return {
+            "max": max(lags),
+            "mean": sum(lags) / len(lags),
+            "token_mean": sum(tokens) / len(tokens) if tokens else 0.0,
+        }
+
+    def lag_of(self, version: int, step: int) -> int:
+        """How many updates behind the policy trained at `step` the policy `version` is."""
+        return step - self.published_at.get(version, step)
 
     def stop(self, step: int) -> None:
         """Tell the engines the run ends after `step` (preemption). After the last step they have left
@@ -91,7 +115,18 @@ class Feed:
         """The task's state before the batch of `step` was drawn (current if it was not drawn yet)."""
         for old in [s for s in self.task_states if s < step]:
             del self.task_states[old]
-        return self.task_states.get(step, self.task.state())
+        return self.task_states[step][0] if step in self.task_states else self.task.state()
+
+    def carry_state(self, step: int) -> list[dict]:
+        """The groups carried into the batch of `step` (rollout.partial), as a checkpoint's records."""
+        if self.carry is None:
+            return []
+        carry = self.task_states[step][1] if step in self.task_states else self.carry
+        return carry_record(carry, self.task)
+
+    def _keep_position(self, step: int) -> None:
+        # Copies: never aliased to the live task or carry, which the batch is about to move.
+        self.task_states[step] = (copy.deepcopy(self.task.state()), copy.deepcopy(self.carry))
 
     def take_wait(self) -> float:
         """Seconds this step's trainer waited on the engines' batches (separated placement)."""
@@ -99,11 +134,20 @@ class Feed:
         return round(out, 6)
 
     def _receive(self, t: int) -> None:
-        self.task_states[t] = copy.deepcopy(self.task.state())  # never aliased to the live task
+        self._keep_position(t)
         t0 = time.perf_counter()
         with self.run.phase("rollout_wait"):
             batch = collect_batch(
-                self.cfg, None, -1, False, self.task, None, self.run.timer, t, group=self.procs.job_cpu_group
+                self.cfg,
+                None,
+                -1,
+                False,
+                self.task,
+                None,
+                self.run.timer,
+                t,
+                group=self.procs.job_cpu_group,
+                carry=self.carry,
             )
         self.waited += time.perf_counter() - t0
         stats = batch[1]

@@ -52,6 +52,17 @@ def prompt_digest(samples: list[Sample]) -> str:
     return h.hexdigest()
 
 
+def sample_digest(samples: list[Sample]) -> str:
+    """A short hash of the step's completions: each sample's tokens and the version of each token (two
+    runs that trained the same samples, drawn by the same versions, have the same digest)."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=8)
+    for s in samples:
+        h.update(repr((s.prompt_index, s.sample_index, s.token_ids, s.versions)).encode())
+    return h.hexdigest()
+
+
 def completion_stats(samples: list[Sample]) -> dict:
     """Completion lengths and how completions ended: `stop_fraction` is the share that ended at a stop
     id (finish reason "stop"); the rest hit the length cap. A stop fraction near 0 with the mean near
@@ -73,7 +84,7 @@ def step_metrics(
     phases_now = run.timer.stats
     gen_s = phases_now.get("generation").seconds if "generation" in phases_now else stats.generation_s
     train_s = sum(phases_now[p].seconds for p in ("train_fwd_bwd", "optimizer") if p in phases_now)
-    versions = sorted({s.version for s in samples})
+    versions = sorted({v for s in samples for v in s.versions} or {s.version for s in samples})
     from megatron_rl.models.spec import ModelSpec
 
     cfg = run.recipe
@@ -85,6 +96,7 @@ def step_metrics(
         # Which prompts this step trained, in order: a resumed run must train the same ones (none lost,
         # none twice), whatever the engines had drawn ahead when it stopped (loop/feed.py).
         "prompt_digest": prompt_digest(samples),
+        "sample_digest": sample_digest(samples),
         "published_version": publication.version if publication is not None else None,
         "reward": {
             "mean": m,
@@ -114,6 +126,11 @@ def step_metrics(
             "tail_s": sum(tails),
             "calls": len(tails),
             "seconds": sum(stats.call_s),
+            # rollout.partial: cut samples this batch continued, samples it cut (carried to the next), and
+            # the trained tokens drawn by an earlier batch (with an older version than this batch's)
+            "samples_continued": stats.continued_samples,
+            "samples_cut": stats.cut_samples,
+            "tokens_from_earlier_batches": sum(v < versions[-1] for s in samples for v in s.versions),
         },
         "flops": {
             "trainer": trainer_flops(ModelSpec.from_config(cfg.model), samples, forwards),

@@ -1,7 +1,8 @@
 """Does the trainer score the engine's tokens the way the engine sampled them?
 
 Run every step on one published version: the engine's exact token ids go back through the trainer
-teacher-forced (position t of the completion is predicted from prompt + completion[:t], the same
+teacher-forced (in a batch that mixes versions -- partial rollouts continue samples drawn by an
+older one -- only the tokens of its newest version are compared, and the others are counted) (position t of the completion is predicted from prompt + completion[:t], the same
 alignment as the engine's per-token log-probs), and the two log-probs are compared token by token.
 A drift here is an engine/trainer mismatch (a wrong weight mapping, a stale prefix cache, a different
 sampling convention, precision); it silently biases every importance ratio built on the saved values.
@@ -35,10 +36,8 @@ def compare(
         )
     if not engine_samples:
         raise ValueError("no samples to compare")
-    versions = sorted({s.version for s in engine_samples})
-    if len(versions) != 1:
-        raise ValueError(f"samples come from versions {versions}; compare one published version at a time")
-    diffs, per_seq_max = [], []
+    newest = max(v for s in engine_samples for v in [s.version, *s.versions])
+    diffs, per_seq_max, older = [], [], 0
     for i, (s, lp) in enumerate(zip(engine_samples, trainer_logprobs)):
         t = torch.as_tensor(lp, dtype=torch.float64).reshape(-1)
         if t.numel() != len(s.logprobs):
@@ -47,6 +46,9 @@ def compare(
                 "score prompt + completion with prompt_len = len(prompt) so positions align"
             )
         d = t - torch.tensor(s.logprobs, dtype=torch.float64)
+        same = torch.tensor([v == newest for v in s.versions], dtype=torch.bool)
+        older += int((~same).sum())
+        d = d[same]  # another version's tokens measure drift between versions, not the engine/trainer match
         diffs.append(d)
         per_seq_max.append(d.abs().max().item() if d.numel() else 0.0)
     d_all = torch.cat(diffs)
@@ -59,9 +61,10 @@ def compare(
         return float(x) if have and x is not None else float("nan")
 
     return dict(
-        version=versions[0],
+        version=newest,
         sequences=len(engine_samples),
         tokens=int(d_all.numel()),
+        older_version_tokens=older,
         threshold=threshold,
         mean_abs_diff=stat(d.abs().mean() if have else None),
         max_abs_diff=stat(d.abs().max() if have else None),

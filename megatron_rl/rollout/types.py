@@ -1,8 +1,9 @@
 """What the rollout layer promises the loop: samples, sampling settings, and the engine protocol.
 
 Every sample carries the policy version it was drawn with, so the loop can tell an on-policy sample
-from a stale one after an asynchronous publication, and the log-prob check can refuse a batch that
-mixes versions. Samples are streamed as they finish, so scoring starts while the batch is still
+from a stale one after an asynchronous publication. A sample cut before it finished
+(`rollout.partial`) is a `Partial`: its tokens so far, each with its version, continued in a later
+batch under a newer one; the finished `Sample` then records the version of every token. Samples are streamed as they finish, so scoring starts while the batch is still
 generating (a 16k-token tail would otherwise hold every short completion back).
 """
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 from megatron_rl.rollout.convention import LOGPROBS_MODES, convention_problems
 
 FINISH_REASONS = ("stop", "length")
-__all__ = ["FINISH_REASONS", "LOGPROBS_MODES", "SamplingSettings", "Sample", "merged_stop_ids"]
+__all__ = ["FINISH_REASONS", "LOGPROBS_MODES", "Partial", "SamplingSettings", "Sample", "merged_stop_ids"]
 
 
 def merged_stop_ids(recipe_ids: Sequence[int], checkpoint_ids: Sequence[int] = ()) -> tuple[int, ...]:
@@ -79,6 +80,10 @@ class Sample:
     `reward` and `status` are left at their defaults by the engine and set by the loop once the
     reward pool has scored the sample (loop/collect.py); `status` is then one of reward/result.py's
     STATUSES, and "" means not scored yet.
+
+    `version` is the policy version of the sample's first token (its oldest). `token_versions` is None
+    when every token came from that version; a sample continued after a cut (rollout.partial) holds
+    one version per token, non-decreasing.
     """
 
     prompt_index: int
@@ -91,8 +96,16 @@ class Sample:
     version: int
     reward: float = 0.0
     status: str = ""
+    token_versions: list[int] | None = None
 
     def __post_init__(self) -> None:
+        if self.token_versions is not None:
+            _check_versions(self.token_versions, len(self.token_ids), self.prompt_index, self.sample_index)
+            if self.token_versions and self.token_versions[0] != self.version:
+                raise ValueError(
+                    f"sample ({self.prompt_index}, {self.sample_index}): version {self.version} is not the "
+                    f"version of its first token ({self.token_versions[0]})"
+                )
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}; got {self.finish_reason!r}")
         if len(self.logprobs) != len(self.token_ids):
@@ -102,6 +115,13 @@ class Sample:
             )
 
     @property
+    def versions(self) -> list[int]:
+        """The policy version of each completion token."""
+        if self.token_versions is not None:
+            return list(self.token_versions)
+        return [self.version] * len(self.token_ids)
+
+    @property
     def sequence(self) -> list[int]:
         """Prompt followed by completion: what the trainer scores teacher-forced."""
         return self.prompt_ids + self.token_ids
@@ -109,6 +129,47 @@ class Sample:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
+
+
+def _check_versions(versions: Sequence[int], tokens: int, prompt_index: int, sample_index: int) -> None:
+    if len(versions) != tokens:
+        raise ValueError(
+            f"sample ({prompt_index}, {sample_index}): {len(versions)} token versions for {tokens} tokens"
+        )
+    if any(b < a for a, b in zip(versions, versions[1:])):
+        raise ValueError(
+            f"sample ({prompt_index}, {sample_index}): token versions go backwards ({list(versions)}); a "
+            "continued sample only ever gains tokens from newer versions"
+        )
+
+
+@dataclass
+class Partial:
+    """A sample cut before it finished (rollout.partial): its prompt, and its tokens so far with their
+    log-probs and versions. Continued as a request of prompt + tokens so far, for the tokens left under
+    the sample's cap; never trained until it finishes. With no tokens it is a fresh request: the engine
+    submits every sample this way (rollout/vllm_engine.py `generate_requests`)."""
+
+    prompt_index: int
+    sample_index: int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    max_tokens: int  # the whole completion's cap, as when it was first submitted
+
+    def __post_init__(self) -> None:
+        if len(self.logprobs) != len(self.token_ids):
+            raise ValueError(
+                f"partial sample ({self.prompt_index}, {self.sample_index}): {len(self.logprobs)} "
+                f"log-probs for {len(self.token_ids)} tokens"
+            )
+        _check_versions(self.versions, len(self.token_ids), self.prompt_index, self.sample_index)
+        if len(self.token_ids) >= self.max_tokens:
+            raise ValueError(
+                f"partial sample ({self.prompt_index}, {self.sample_index}) holds {len(self.token_ids)} "
+                f"tokens, its whole cap ({self.max_tokens}): it finished, it is not partial"
+            )
 
 
 @runtime_checkable
@@ -121,6 +182,17 @@ class Engine(Protocol):
         self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSettings | None = None
     ) -> Iterator[Sample]:
         """Yield each (prompt, sample) as soon as it finishes; n samples per prompt."""
+        ...
+
+    def requests_for(self, prompts: Sequence[Sequence[int]], n: int, max_tokens=None) -> list[Partial]:
+        """n fresh requests per prompt: Partials with no tokens yet, capped per prompt."""
+        ...
+
+    def generate_requests(
+        self, requests: Sequence[Partial], call_id: int | None = None, keep_partial: bool = False
+    ):
+        """Yield each request's sample as it finishes; a request with tokens continues them. Closing the
+        stream aborts the rest, which (keep_partial) its `cut` then lists with the tokens they had."""
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:

@@ -42,7 +42,7 @@ import torch
 from megatron_rl.models.dtypes import hf_dtype_name
 from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 from megatron_rl.rollout.process import make_shm_names_job_unique, prepare_env, preserved_rng
-from megatron_rl.rollout.types import LOGPROBS_MODES, Sample, SamplingSettings
+from megatron_rl.rollout.types import LOGPROBS_MODES, Partial, Sample, SamplingSettings
 from megatron_rl.rollout.weights import group_fused
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class VLLMEngine:
         log.info("vLLM engine %d (TP %d) up in %.1f s", self.engine_index, tp, self.start_s)
 
     # ---- generation -------------------------------------------------------------------------
-    def _params(self, s: SamplingSettings, max_tokens: int, seed: int):
+    def _params(self, s: SamplingSettings, max_tokens: int, seed: int, delta: bool = False):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -205,7 +205,8 @@ class VLLMEngine:
             ignore_eos=True,
             logprobs=0,  # the sampled token's log-prob only
             seed=seed,
-            output_kind=RequestOutputKind.FINAL_ONLY,
+            # DELTA: each step's new tokens, so a sample cut mid-way keeps what it had (rollout.partial)
+            output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
         )
 
     def _check_ready(self) -> None:
@@ -227,16 +228,29 @@ class VLLMEngine:
         n: int,
         sampling: SamplingSettings | None = None,
         call_id: int | None = None,
-    ) -> Iterator[Sample]:
+        max_tokens: Sequence[int | None] | None = None,
+    ) -> Stream:
         """Yield finished samples as they finish. Every rank of an engine must consume the whole stream."""
         self._check_ready()
         s = sampling or self.sampling
+        return self.generate_requests(self.requests_for(prompts, n, s, max_tokens), s, call_id)
+
+    def requests_for(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        sampling: SamplingSettings | None = None,
+        max_tokens: Sequence[int | None] | None = None,
+    ) -> list[Partial]:
+        """n fresh requests per prompt (Partials with no tokens yet), prompt i's numbered (i, 0..n-1).
+
+        `max_tokens`: a cap per prompt (None: the sampling's `max_new_tokens`), for tasks whose prompts
+        ask for answers of different lengths."""
+        s = sampling or self.sampling
         if n < 1:
             raise ValueError(f"n (samples per prompt) must be >= 1; got {n}")
-        # Request seeds derive from (seed, engine, call, prompt, sample). The loop passes the step as
-        # call_id so a resumed run draws exactly the samples the uninterrupted run would have.
-        call = self._calls if call_id is None else call_id
-        self._calls += 1
+        if max_tokens is not None and len(max_tokens) != len(prompts):
+            raise ValueError(f"{len(max_tokens)} caps for {len(prompts)} prompts")
         requests = []
         for pi, prompt in enumerate(prompts):
             ids = [int(t) for t in prompt]
@@ -248,28 +262,64 @@ class VLLMEngine:
                     f"prompt {pi} has {len(ids)} tokens, leaving no room under max_model_len={self.max_model_len}; "
                     "shorten it (data.max_prompt_tokens) or raise the engine's max_model_len"
                 )
-            # The length cap: a sample stops at max_new_tokens or at the context end, whichever is first,
-            # and is then reported truncated (finish reason "length").
-            max_tokens = min(s.max_new_tokens, room)
-            for si in range(n):
-                seed = request_seed(self.seed, self.engine_index, call, pi, si)
-                requests.append((f"c{call}-p{pi}-s{si}", ids, pi, si, self._params(s, max_tokens, seed)))
-        return self._stream(requests)
+            # The length cap: a sample stops at its cap or at the context end, whichever is first, and is
+            # then reported truncated (finish reason "length").
+            own = max_tokens[pi] if max_tokens is not None else None
+            cap = min(s.max_new_tokens, own or s.max_new_tokens, room)
+            requests += [Partial(pi, si, ids, [], [], [], max_tokens=cap) for si in range(n)]
+        return requests
 
-    def _stream(self, requests) -> Iterator[Sample]:
+    def generate_requests(
+        self,
+        requests: Sequence[Partial],
+        sampling: SamplingSettings | None = None,
+        call_id: int | None = None,
+        keep_partial: bool = False,
+    ) -> Stream:
+        """Yield each request's sample as soon as it finishes. A request with tokens already (a sample cut
+        earlier: rollout.partial) continues them: its prompt is prompt + those tokens, it may add the tokens
+        left under its cap, and its sample holds both, each token with the version it was drawn with.
+
+        `keep_partial`: when the stream is closed early, the stream's `cut` lists the unfinished requests
+        with the tokens they had (vLLM then reports every step's new tokens, not only finished samples)."""
+        self._check_ready()
+        s = sampling or self.sampling
+        # Request seeds derive from (seed, engine, call, prompt, sample[, tokens already held]). The loop
+        # passes the step as call_id so a resumed run draws exactly the samples the uninterrupted run would.
+        call = self._calls if call_id is None else call_id
+        self._calls += 1
+        out = []
+        for r in requests:
+            ids = list(r.prompt_ids) + list(r.token_ids)
+            left = r.max_tokens - len(r.token_ids)
+            if left < 1 or len(ids) + left > self.max_model_len:
+                raise ValueError(
+                    f"request (prompt {r.prompt_index}, sample {r.sample_index}): {len(r.token_ids)} tokens of "
+                    f"its cap {r.max_tokens} held, {len(ids)} in context of max_model_len={self.max_model_len}: "
+                    "nothing left to generate"
+                )
+            key = (self.seed, self.engine_index, call, r.prompt_index, r.sample_index)
+            seed = request_seed(*key, len(r.token_ids)) if r.token_ids else request_seed(*key)
+            rid = f"c{call}-p{r.prompt_index}-s{r.sample_index}"
+            out.append((rid, ids, r, self._params(s, left, seed, keep_partial)))
+        cut: list[Partial] = []
+        return Stream(self._stream(out, keep_partial, cut), out, cut, keep_partial)
+
+    def _stream(self, requests, keep_partial: bool, cut: list[Partial]) -> Iterator[Sample]:
         # Runs at the first next(): the checks and the version are taken when requests enter the engine.
         self._check_ready()
         engine = self._engine
         version = self.version
-        by_id = {rid: (ids, pi, si) for rid, ids, pi, si, _ in requests}
+        by_id = {rid: r for rid, _, r, _ in requests}
         with preserved_rng():
-            token_prompts = [{"prompt_token_ids": ids} for _, ids, _, _, _ in requests]
+            token_prompts = [{"prompt_token_ids": ids} for _, ids, _, _ in requests]
             renderer = getattr(engine, "renderer", None)  # builds without it take the raw token prompt
             rendered = renderer.render_cmpl(token_prompts) if renderer is not None else token_prompts
-            for (rid, _, _, _, params), prompt in zip(requests, rendered):
+            for (rid, _, _, params), prompt in zip(requests, rendered):
                 engine.add_request(rid, prompt, params)
         self._streaming = True
         pending = set(by_id)
+        new: dict[str, tuple[list[int], list[float]]] = {rid: ([], []) for rid in by_id}
         started = time.perf_counter()
         tokens = 0
         first_s = None
@@ -280,18 +330,25 @@ class VLLMEngine:
                 with preserved_rng():
                     outputs = engine.step()
                 for out in outputs:
-                    if not out.finished or out.request_id not in pending:
+                    if out.request_id not in pending:
+                        continue
+                    if keep_partial:  # every step's new tokens (DELTA)
+                        _append_delta(out, *new[out.request_id])
+                    if not out.finished:
                         continue
                     pending.discard(out.request_id)
-                    ids, pi, si = by_id[out.request_id]
-                    sample = _to_sample(out, ids, pi, si, version)
-                    tokens += len(sample.token_ids)
+                    if not keep_partial:  # the whole completion at once (FINAL_ONLY)
+                        _append_delta(out, *new[out.request_id])
+                    sample = _to_sample(out, by_id[out.request_id], *new.pop(out.request_id), version)
+                    tokens += len(sample.token_ids) - len(by_id[out.request_id].token_ids)
                     if first_s is None:
                         first_s = time.perf_counter() - started
                     yield sample
         finally:
             if pending:  # the consumer stopped early: free the engine for the next call
                 engine.abort_request(sorted(pending))
+                if keep_partial:
+                    cut.extend(_extended(by_id[rid], *new[rid], version) for rid in sorted(pending))
             self._streaming = False
             seconds = time.perf_counter() - started
             self.last_stream = dict(
@@ -427,22 +484,64 @@ def uncovered_params(params: Mapping[str, torch.Tensor], incoming: Iterable[str]
     return sorted(set(params) - set(incoming))
 
 
-def _to_sample(out, prompt_ids: list[int], prompt_index: int, sample_index: int, version: int) -> Sample:
+class Stream(Iterator[Sample]):
+    """The samples of one `generate_requests` call as they finish. `close()` aborts what still runs (every
+    rank of an engine closes at the same sample); with keep_partial, `cut` then lists those requests as
+    `Partial`s holding the tokens they had, to be continued later."""
+
+    def __init__(self, gen: Iterator[Sample], requests: list, cut: list[Partial], keep_partial: bool):
+        self._gen, self._requests, self.cut, self._keep = gen, requests, cut, keep_partial
+        self._started = False
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Sample:
+        self._started = True
+        return next(self._gen)
+
+    def close(self) -> None:
+        if not self._started and self._keep:  # closed before any request entered the engine
+            self.cut.extend(r for _, _, r, _ in self._requests)
+        self._gen.close()
+
+
+def _append_delta(out, tokens: list[int], logprobs: list[float]) -> None:
     completion = out.outputs[0]
-    reason = completion.finish_reason
+    ids = list(completion.token_ids)
+    if ids and (completion.logprobs is None or len(completion.logprobs) != len(ids)):
+        raise RuntimeError(f"request {out.request_id}: the engine returned no per-token log-probs")
+    tokens += ids
+    logprobs += [float(pos[tok].logprob) for tok, pos in zip(ids, completion.logprobs or [])]
+
+
+def _extended(r: Partial, tokens: list[int], logprobs: list[float], version: int) -> Partial:
+    """The request `r` with the tokens this call added, each of `version`."""
+    return Partial(
+        r.prompt_index,
+        r.sample_index,
+        list(r.prompt_ids),
+        list(r.token_ids) + tokens,
+        list(r.logprobs) + logprobs,
+        list(r.versions) + [version] * len(tokens),
+        r.max_tokens,
+    )
+
+
+def _to_sample(out, r: Partial, tokens: list[int], logprobs: list[float], version: int) -> Sample:
+    reason = out.outputs[0].finish_reason
     if reason not in ("stop", "length"):
         raise RuntimeError(f"request {out.request_id} ended with finish reason {reason!r} (aborted?)")
-    token_ids = list(completion.token_ids)
-    if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
-        raise RuntimeError(f"request {out.request_id}: the engine returned no per-token log-probs")
-    logprobs = [float(pos[tok].logprob) for tok, pos in zip(token_ids, completion.logprobs)]
+    versions = list(r.versions) + [version] * len(tokens)
+    first = versions[0] if versions else version
     return Sample(
-        prompt_index=prompt_index,
-        sample_index=sample_index,
-        prompt_ids=list(prompt_ids),
-        token_ids=token_ids,
-        logprobs=logprobs,
+        prompt_index=r.prompt_index,
+        sample_index=r.sample_index,
+        prompt_ids=list(r.prompt_ids),
+        token_ids=list(r.token_ids) + tokens,
+        logprobs=list(r.logprobs) + logprobs,
         finish_reason=reason,
         truncated=reason == "length",
-        version=version,
+        version=first,
+        token_versions=versions if any(v != first for v in versions) else None,
     )

@@ -51,7 +51,8 @@ def test_separated_sync_reproduces_colocated_sync(sync_pair):
         assert a["train"]["loss"] == pytest.approx(b["train"]["loss"], rel=1e-4, abs=1e-6), a["step"]
         g = a["logprob_agreement"]
         assert g["beyond_threshold"] == [] and g["max_abs_diff"] < 1e-3
-        assert a["version_lag"] == {"max": 0, "mean": 0.0}
+        assert a["version_lag"] == {"max": 0, "mean": 0.0, "token_mean": 0.0}
+        assert a["logprob_agreement"]["older_version_tokens"] == 0
         assert (a["generation"]["prompts_drawn"], a["generation"]["samples_dropped"]) == (4, 0)
         assert a["publication"]["activated"] and b["publication"]["activated"]
     # separated: the trainer (rank 0) sends every byte to the engine's rank over the job group;

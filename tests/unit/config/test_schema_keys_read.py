@@ -51,6 +51,8 @@ READ_ELSEWHERE = {
     "algorithm.truncated_is_cap": "megatron_rl.loop.rl_batch:grpo_loss_fn",
     "rollout.max_staleness": "megatron_rl.loop.schedule:staleness",
     "rollout.oversample": "megatron_rl.loop.collect:collect_batch",
+    "rollout.partial": "megatron_rl.loop.collect:collect_batch",
+    "rollout.partial_max_cuts": "megatron_rl.loop.collect:collect_batch",
     "rollout.stop_token_ids": "megatron_rl.rollout.vllm_engine:VLLMEngine",
     "rollout.enforce_eager": "megatron_rl.rollout.vllm_engine:VLLMEngine",
     "rollout.logprob_check_threshold": "megatron_rl.train:main",

@@ -13,7 +13,7 @@ def _feed(monkeypatch, steps, sent):
     cfg = NS(
         steps=steps,
         layout=NS(placement="separated", synchrony="async"),
-        rollout=NS(max_staleness=1),
+        rollout=NS(max_staleness=1, partial=False),
     )
     task = NS(state=lambda: {"drawn": 0})
     return feed_mod.Feed(cfg, NS(job_cpu_group=None), NS(), None, task, None, 0, colocated=None)

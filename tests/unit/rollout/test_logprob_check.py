@@ -43,11 +43,24 @@ def test_a_token_outside_the_trainer_support_is_flagged_not_averaged():
     assert r["beyond_threshold"] == [0]
 
 
-def test_misaligned_or_mixed_input_is_refused():
+def test_misaligned_input_is_refused():
     with pytest.raises(ValueError, match="sequence 0: trainer gave 3 log-probs for 2 engine tokens"):
         compare([_sample(0, [-1.0, -1.0])], [torch.zeros(3)], 0.5)
-    with pytest.raises(ValueError, match="versions \\[1, 2\\]"):
-        compare([_sample(0, [-1.0], version=1), _sample(1, [-1.0], version=2)], [torch.zeros(1)] * 2, 0.5)
+
+
+def test_mixed_versions_compare_only_the_newest_versions_tokens():
+    # A continued sample (partial rollouts): its first two tokens from version 1, the last from 2; and a
+    # whole sample of version 1. Against a trainer at version 2, only the version-2 token is compared.
+    cont = _sample(0, [-1.0, -1.0, -2.0], version=1)
+    cont.token_versions = [1, 1, 2]
+    old = _sample(1, [-1.0], version=1)
+    r = compare([cont, old], [torch.tensor([-9.0, -9.0, -2.25]), torch.tensor([-9.0])], threshold=0.5)
+    assert r["version"] == 2 and r["tokens"] == 1 and r["older_version_tokens"] == 3
+    assert r["max_abs_diff"] == pytest.approx(0.25) and r["beyond_threshold"] == []
+    # Wrongly tagged (every token version 2), the version-1 drift would count and cross the threshold.
+    cont.token_versions = None
+    cont.version = 2
+    assert compare([cont], [torch.tensor([-9.0, -9.0, -2.25])], 0.5)["beyond_threshold"] == [0]
 
 
 def _bigram_logprobs(sequences, prompt_lens, temperature=1.0):
