@@ -19,6 +19,17 @@ and `speedup` = sync step_s / async step_s. With `--oversample F`, a third mode 
 `rollout.oversample=F`: its `generation_s` and `generation_tail_share` against sync's show what cutting
 the groups that finish last saves (and `reward` what the bias toward short answers costs).
 
+`--tail` adds the long-tailed task (`data.tail_share` of the prompts may answer in up to
+`--tail-long` tokens, the others stop at `--tail-short`; no stop id, so every sample runs to its cap)
+in four modes, alternated with the others: `tail_sync` (every group waits for the longest),
+`tail_oversample` (rollout.oversample=`--tail-oversample`, the groups cut are dropped),
+`tail_partial` (the same, cut groups carried and continued: rollout.partial) and `tail_async_partial`
+(partial rollouts on asynchronous pools). Besides the figures above, per mode:
+  completion_tokens_mean  mean length of the trained samples (dropping cut groups trains the short ones)
+  tokens_from_earlier_batches  trained tokens drawn by an earlier batch (continued after a cut)
+and `tail` compares each with tail_sync: mean generation seconds, idle (tail) share and step seconds,
+as ratios (means: partial rollouts' cost comes in bursts, when a group cut max_cuts times must finish).
+
 Then the planner: `megatron-rl plan grpo_tiny_cpu_separated --from-steps <a sync run's steps.jsonl>`
 calibrates its phases on the synchronous run and predicts the asynchronous step of the same pools
 (the overlapped cycle: publish + max(generation + scoring, trainer phases); plan/cycle.py).
@@ -73,14 +84,50 @@ def step_figures(rec: dict, processes: int) -> dict:
         "generation_tail_share": rec["generation"]["tail_s"] / gen if gen > 0 else 0.0,
         "version_lag_max": rec["version_lag"]["max"],
         "reward": rec["reward"]["mean"],
+        "completion_tokens_mean": rec.get("completion_tokens_mean", 0.0),
+        "tokens_from_earlier_batches": rec["generation"].get("tokens_from_earlier_batches", 0),
     }
 
 
 def summarise(per_step: list[dict]) -> dict:
     out = {k: statistics.median(s[k] for s in per_step) for k in per_step[0] if k != "version_lag_max"}
+    # Means too: a mode whose cost comes in bursts (partial rollouts wait for a group cut max_cuts times
+    # every few steps) has a median step that hides them.
+    for k in ("step_s", "generation_s", "generation_tail_share"):
+        out[f"{k}_mean"] = statistics.fmean(s[k] for s in per_step)
     out["version_lag_max"] = max(s["version_lag_max"] for s in per_step)
     out["steps_measured"] = len(per_step)
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def tail_modes(args) -> dict[str, list[str]]:
+    """The long-tailed task's modes (module docstring), each a list of overrides."""
+    task = [
+        f"data.tail_share={args.tail_share}",
+        f"data.short_answer_tokens={args.tail_short}",
+        f"rollout.max_new_tokens={args.tail_long}",
+        "rollout.stop_token_ids=[]",
+    ]
+    cut = [f"rollout.oversample={args.tail_oversample}"]
+    return {
+        "tail_sync": ["layout.synchrony=sync", *task],
+        "tail_oversample": ["layout.synchrony=sync", *task, *cut],
+        "tail_partial": ["layout.synchrony=sync", *task, *cut, "rollout.partial=true"],
+        "tail_async_partial": ["layout.synchrony=async", *task, *cut, "rollout.partial=true"],
+    }
+
+
+def tail_comparison(modes: dict[str, dict]) -> dict:
+    """Each tail mode against tail_sync: mean generation seconds, idle (tail) share and step seconds."""
+    base = modes["tail_sync"]
+    out = {}
+    for name in ("tail_oversample", "tail_partial", "tail_async_partial"):
+        m = modes[name]
+        out[name] = {
+            f"{k}_vs_sync": round(m[k] / base[k], 3) if base[k] else None
+            for k in ("generation_s_mean", "generation_tail_share_mean", "step_s_mean")
+        }
+    return out
 
 
 def planner_prediction(steps_jsonl: Path, overrides: list[str]) -> dict:
@@ -121,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="also run sync with rollout.oversample=F (draw F x prompts, keep the first groups to finish)",
     )
+    p.add_argument("--tail", action="store_true", help="also run the long-tailed task's four modes")
+    p.add_argument("--tail-share", type=float, default=0.125, help="share of prompts with long answers")
+    p.add_argument("--tail-short", type=int, default=4, help="answer cap of the other prompts")
+    p.add_argument("--tail-long", type=int, default=64, help="answer cap of the long prompts")
+    p.add_argument("--tail-oversample", type=float, default=1.5, help="rollout.oversample of the cut modes")
     p.add_argument("--keep", type=Path, help="keep the runs' outputs here (default: a temporary directory)")
     args = p.parse_args(argv)
     if args.steps <= args.warmup:
@@ -132,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.oversample > 0:
         modes["sync_oversample"] = ["layout.synchrony=sync", f"rollout.oversample={args.oversample}"]
+    if args.tail:
+        modes.update(tail_modes(args))
     out = args.keep or Path(tempfile.mkdtemp(prefix="async_bench_"))
     figures: dict[str, list[dict]] = {m: [] for m in modes}
     jobs: dict[str, list[float]] = {m: [] for m in modes}
@@ -156,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             "modes": {m: summarise(figures[m]) for m in modes},
             "job_seconds": jobs,
         }
+        if args.tail:
+            result["tail"] = tail_comparison(result["modes"])
         sync_s, async_s = result["modes"]["sync"]["step_s"], result["modes"]["async"]["step_s"]
         result["speedup"] = round(sync_s / async_s, 3)
         plan = planner_prediction(last_sync, extra)

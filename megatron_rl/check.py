@@ -152,6 +152,15 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
             "rollout.oversample=1 every group in flight is needed: set rollout.oversample > 1 (e.g. 1.5: "
             "1.5 x the prompts in flight, the first prompts_per_step to finish train), or rollout.partial=false",
         )
+    # Each batch cuts up to (f - 1) x what it trains; above f = 2 the groups cut max_cuts times can outnumber
+    # an engine's quota, and those that do not fit would be cut again (the lag bound would not hold).
+    if ro.partial and ro.oversample > 2:
+        bad(
+            "rollout.oversample",
+            "must be <= 2 with rollout.partial=true: a batch would cut more groups than it trains, and the "
+            "groups cut rollout.partial_max_cuts times, which the next batch must wait for, could outnumber "
+            "its quota",
+        )
     if ro.partial and alg.dynamic_sampling:
         bad(
             "rollout.partial",

@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         # 1. generate and score (streamed; separated: on the engine ranks), then every rank sees every sample
         samples, stats, rounds = feed.batch(step)
         lag = feed.lag(samples, step)  # 0 when synchronous; at most rollout.max_staleness when async
+        newest = max(
+            (v for s in samples for v in s.versions), default=samples[0].version
+        )  # agreement: its tokens
 
         # 2. old-policy and reference log-probs of this DP rank's samples, before any update. The old ones
         #    are recomputed, or (algorithm.old_logprobs) taken from the engines, or, with one minibatch,
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 old = dict(zip(mine, policy.logprobs(seqs, plens, temperature=temp)))
             # The engine sampled with the version these old log-probs come from: they must agree.
             agreement = compare(
-                [samples[i] for i in mine], [old[i] for i in mine], ro.logprob_check_threshold
+                [samples[i] for i in mine], [old[i] for i in mine], ro.logprob_check_threshold, newest
             )
         elif source == old_policy.ENGINE:
             old = {i: torch.tensor(samples[i].logprobs, dtype=torch.float32) for i in mine}
@@ -157,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             if agreement is None:
                 out, forward = out
-                agreement = compare([samples[i] for i in idx], forward, ro.logprob_check_threshold)
+                agreement = compare([samples[i] for i in idx], forward, ro.logprob_check_threshold, newest)
             train_metrics.append(out)
         feed.after_train(step)  # asynchronous: the batch the engines drew meanwhile, k steps ahead
 

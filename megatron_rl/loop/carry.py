@@ -6,7 +6,8 @@ dropped, and with them the long answers (the groups that finish last). With them
 group is cut instead: its finished samples (already scored) and its unfinished ones (the tokens they
 had, each with its log-prob and the version that drew it) are carried, and the next batch continues
 them first, as requests of prompt + tokens so far, under the version then published. Nothing drawn is
-lost, and no token is generated twice.
+lost, and no token a sample holds is generated again (a request cut in the middle of an engine step
+loses that step's token, which was never recorded; its continuation draws that position afresh).
 
 A carried group comes first in the next batch and counts toward what is in flight, so in the steady
 state a batch draws about prompts_per_step new prompts, not f x as many. A group carried
@@ -34,7 +35,7 @@ class CarriedGroup:
     prompt: object  # the task's prompt (data/task.py, data/synthetic.py)
     finished: list[Sample] = field(default_factory=list)
     partial: list[Partial] = field(default_factory=list)
-    cuts: int = 1
+    cuts: int = 1  # batches that cut it after it had started (a group never started is not older)
 
     @property
     def tokens(self) -> int:

@@ -174,7 +174,11 @@ def generate_and_score(
             out += [replace(x, prompt_index=global_index[i]) for x in mine]
         elif partial:  # cut: carried into the next batch with what it has
             rest = [c for c in cut if c.prompt_index == i]
-            left.append(CarriedGroup(prompts[i], mine, rest, carried[i].cuts + 1 if i in carried else 1))
+            # a cut counts only for a group that has something: one the quota left untouched (full before
+            # it started) is not older for it
+            started = bool(mine) or any(c.token_ids for c in rest)
+            cuts = (carried[i].cuts if i in carried else 0) + int(started)
+            left.append(CarriedGroup(prompts[i], mine, rest, cuts))
         # else: generated and scored, but its group finished after the quota was met: dropped
     stats.samples += len(out)
     return out, left
@@ -271,9 +275,9 @@ def collect_batch(
         gathered, theirs, cut = gather_all(local, group, own if group is not None else None, cut)
         if engine is None and theirs is not None:
             stats = theirs
-        if partial:  # counted from the carry, which every rank holds whole
-            stats.continued_samples += sum(len(g.partial) for g in carried)
-            stats.cut_samples += sum(len(g.partial) for g in cut)
+        if partial:  # counted from the carry, which every rank holds whole (samples that hold tokens)
+            stats.continued_samples += sum(bool(c.token_ids) for g in carried for c in g.partial)
+            stats.cut_samples += sum(bool(c.token_ids) for g in cut for c in g.partial)
             carry[:] = cut
         groups = _groups(gathered)
         if not algo.dynamic_sampling:

@@ -133,7 +133,7 @@ def build_checkpointer(cfg, procs: Processes, name: str):
     return Checkpointer(Path(c.dir) / name, procs, c.keep_last, c.keep_every, c.async_save)
 
 
-def resume(cfg, procs: Processes, run: RunLog, policy, reference, task) -> tuple[int, list[dict]]:
+def resume(cfg, procs: Processes, run: RunLog, policy, reference, task) -> tuple[int, dict | None]:
     """The step to start from: 0, or that of the checkpoint `checkpoint.resume` selects (auto: the newest
     that verifies), and the groups it carried (rollout.partial: loop/carry.py records). Every rank takes
     part: verifying re-hashes a share of the files on each."""
@@ -143,10 +143,10 @@ def resume(cfg, procs: Processes, run: RunLog, policy, reference, task) -> tuple
     box = [str(path) if path else None]
     dist.broadcast_object_list(box, src=0)  # every rank loads the same checkpoint
     if box[0] is None:
-        return 0, []
+        return 0, None
     state = load(Path(box[0]), procs.rank, policy, reference, task)
     run.say(f"resumed from {box[0]} at step {state['step']}")
-    return int(state["step"]), state.get("carry", [])
+    return int(state["step"]), state.get("carry")
 
 
 def run_state(
@@ -154,12 +154,12 @@ def run_state(
 ) -> dict:
     """What a checkpoint after `step` steps keeps besides the weights. `task_state`: the task's position
     before the batch of `step` was drawn (loop/feed.py: engines that run ahead have drawn further);
-    `carry`: the groups carried into that batch (rollout.partial, loop/carry.py records)."""
+    `carry`: the groups carried into that batch and their settings (rollout.partial: loop/feed.py)."""
     return {
         "step": step,
         "version": step,  # samples of step s (0-based) are drawn with version s
         "task": task_state,
-        "carry": carry or [],
+        "carry": carry,
         "world_size": dist.get_world_size(),
         "layout": layout.sizes(),
         "seed": cfg.seed,

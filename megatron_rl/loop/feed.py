@@ -40,8 +40,12 @@ class Feed:
         self.task_states: dict[int, tuple] = {}  # step -> (task state, carry) before its batch was drawn
         self.waited = 0.0
         self.published_at: dict[int, int] = {}  # activated version -> the step whose policy it holds
+        # Versions published before a resume: P(v) was published at step v - 1 (exact unless a publication
+        # was refused before the checkpoint), so carried tokens of those versions show their lag.
+        self.published_at.update({v: v - 1 for v in range(1, start + 1)})
         # rollout.partial: the groups cut by the last batch, the same on every rank of the job
-        self.carry = carry_from_record(carried, task) if cfg.rollout.partial else None
+        saved = resumed_carry(cfg, carried)  # refuses a carry this run cannot continue
+        self.carry = carry_from_record(saved, task) if cfg.rollout.partial else None
         if colocated is None:  # the engines learn where to start, from which prompts and carried groups
             box = [start, task.state(), self.carry]
             dist.broadcast_object_list(box, src=0, group=procs.job_cpu_group)
@@ -62,6 +66,8 @@ class Feed:
 
     def batch(self, step: int) -> tuple:
         """Step `step`'s scored samples, their CollectStats and the sampling rounds drawn."""
+        for old in [s for s in self.task_states if s < step]:  # positions a save can no longer need
+            del self.task_states[old]
         if self.colocated is not None:
             timeshare, engine, engine_index, is_leader, pool = self.colocated
             self._keep_position(step)
@@ -117,12 +123,13 @@ class Feed:
             del self.task_states[old]
         return self.task_states[step][0] if step in self.task_states else self.task.state()
 
-    def carry_state(self, step: int) -> list[dict]:
-        """The groups carried into the batch of `step` (rollout.partial), as a checkpoint's records."""
+    def carry_state(self, step: int) -> dict | None:
+        """The groups carried into the batch of `step` (rollout.partial), as a checkpoint's records, with
+        the settings they were cut under (a resume refuses others: `resumed_carry`)."""
         if self.carry is None:
-            return []
+            return None
         carry = self.task_states[step][1] if step in self.task_states else self.carry
-        return carry_record(carry, self.task)
+        return {"settings": carry_settings(self.cfg), "groups": carry_record(carry, self.task)}
 
     def _keep_position(self, step: int) -> None:
         # Copies: never aliased to the live task or carry, which the batch is about to move.
@@ -155,6 +162,40 @@ class Feed:
         self.run.timer.add("generation", stats.generation_s, stats.mem_gib.get("generation", 0.0))
         self.run.timer.add("scoring", stats.scoring_tail_s, stats.mem_gib.get("scoring", 0.0))
         self.batches[t] = batch
+
+
+def carry_settings(cfg) -> dict:
+    """What carried groups depend on: their size, their caps, and how many are in flight."""
+    ro = cfg.rollout
+    return {
+        "samples_per_prompt": ro.samples_per_prompt,
+        "max_new_tokens": ro.max_new_tokens,
+        "prompts_per_step": cfg.data.prompts_per_step,
+        "oversample": ro.oversample,
+    }
+
+
+def resumed_carry(cfg, saved: dict | None) -> list[dict]:
+    """The carried groups of a resumed checkpoint, refused when the run's settings no longer fit them (a
+    group of n samples cannot be trained as one of m; more carried groups than a batch holds break the
+    lag bound) or when partial rollouts were turned off (their prompts, already drawn, would be lost)."""
+    if not saved or not saved.get("groups"):
+        return []
+    if not cfg.rollout.partial:
+        raise SystemExit(
+            f"the checkpoint carries {len(saved['groups'])} groups cut by partial rollouts, and this run has "
+            "rollout.partial=false: their prompts were drawn and would be lost. Resume with rollout.partial=true "
+            "(and the settings the run started with), or start afresh with checkpoint.resume=none"
+        )
+    now = carry_settings(cfg)
+    changed = {k: (v, now[k]) for k, v in saved["settings"].items() if now.get(k) != v}
+    if changed:
+        said = ", ".join(f"{k} was {a}, now {b}" for k, (a, b) in changed.items())
+        raise SystemExit(
+            f"the checkpoint carries groups cut by partial rollouts under other settings ({said}): resume "
+            "with the settings the run started with, or start afresh with checkpoint.resume=none"
+        )
+    return saved["groups"]
 
 
 def control(procs, word: str | None) -> str:

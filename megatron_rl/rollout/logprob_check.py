@@ -27,16 +27,25 @@ LogprobsFn = Callable[[list[list[int]], list[int]], list[torch.Tensor]]
 
 
 def compare(
-    engine_samples: Sequence[Sample], trainer_logprobs: Sequence[torch.Tensor], threshold: float
+    engine_samples: Sequence[Sample],
+    trainer_logprobs: Sequence[torch.Tensor],
+    threshold: float,
+    version: int | None = None,
 ) -> dict:
-    """Token-level agreement of the engine's saved log-probs and the trainer's, as a flat dict."""
+    """Token-level agreement of the engine's saved log-probs and the trainer's, as a flat dict.
+
+    Only the tokens of `version` are compared (None: the newest among these samples). Pass the whole
+    batch's newest version when comparing a share of it (a DP rank's, a minibatch's): a share made of
+    carried samples alone then compares nothing, instead of an older version against the trainer."""
     if len(engine_samples) != len(trainer_logprobs):
         raise ValueError(
             f"{len(engine_samples)} samples but {len(trainer_logprobs)} trainer log-prob sequences"
         )
     if not engine_samples:
         raise ValueError("no samples to compare")
-    newest = max(v for s in engine_samples for v in [s.version, *s.versions])
+    newest = (
+        version if version is not None else max(v for s in engine_samples for v in [s.version, *s.versions])
+    )
     diffs, per_seq_max, older = [], [], 0
     for i, (s, lp) in enumerate(zip(engine_samples, trainer_logprobs)):
         t = torch.as_tensor(lp, dtype=torch.float64).reshape(-1)

@@ -332,7 +332,10 @@ class VLLMEngine:
                 for out in outputs:
                     if out.request_id not in pending:
                         continue
-                    if keep_partial:  # every step's new tokens (DELTA)
+                    # Every step's new tokens (DELTA). Appended output by output, so a stream closed after a
+                    # sample of this step keeps every cut request a consistent prefix (the outputs after it
+                    # lose this step's token, never recorded, and a request finished there is continued).
+                    if keep_partial:
                         _append_delta(out, *new[out.request_id])
                     if not out.finished:
                         continue

@@ -17,3 +17,23 @@ def test_oversampled_steps_train_full_groups_of_the_first_prompts_to_finish(tmp_
         # 4 prompts x 4 samples trained, every group whole (group advantages need all n)
         assert r["reward"]["statuses"] and sum(r["reward"]["statuses"].values()) == 16
         assert r["logprob_agreement"]["sequences"] > 0 and r["logprob_agreement"]["beyond_threshold"] == []
+
+
+def test_partial_rollouts_on_two_colocated_engines_carry_and_continue_the_cut_groups(tmp_path):
+    """The same layout with rollout.partial on the long-tailed task: each engine deals its share of the
+    carried groups, and every rank holds the same carry (a rank that disagreed would submit other
+    requests on its engine and hang or diverge)."""
+    tail = ["data.tail_share=0.25", "data.short_answer_tokens=2", "rollout.max_new_tokens=12"]
+    over = ["rollout.oversample=1.5", "rollout.partial=true", "algorithm.truncated_is_cap=2.0"]
+    launch(tmp_path, 5, [*over, *tail, "rollout.stop_token_ids=[]", "logger.wandb=false"], name="partial")
+    recs = records(tmp_path, "partial")
+    assert [r["step"] for r in recs] == [1, 2, 3, 4, 5]
+    for r in recs:
+        g = r["generation"]
+        assert g["samples_dropped"] == 0  # nothing dropped: cut groups are carried
+        assert sum(r["reward"]["statuses"].values()) == 16  # 4 whole groups of 4
+        assert r["version_lag"]["max"] <= 2  # rollout.partial_max_cuts
+    assert recs[0]["generation"]["prompts_drawn"] == 6
+    assert sum(r["generation"]["samples_continued"] for r in recs) > 0
+    assert sum(r["generation"]["tokens_from_earlier_batches"] for r in recs) > 0
+    assert any(isinstance(r["version"], list) for r in recs)  # a batch whose samples span versions

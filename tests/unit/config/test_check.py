@@ -269,3 +269,42 @@ def test_oversample_that_would_do_nothing_or_flood_the_engines_is_refused(overri
     assert (
         check_recipe(load_recipe("grpo_tiny_cpu", ["rollout.oversample=1.01"])) == []
     )  # one more per engine
+
+
+PARTIAL = ["rollout.partial=true", "rollout.oversample=1.5", "algorithm.truncated_is_cap=2.0"]
+
+
+@pytest.mark.parametrize(
+    "overrides,key,fragment",
+    [
+        (
+            ["rollout.partial=true", "algorithm.truncated_is_cap=2.0"],
+            "rollout.partial",
+            "rollout.oversample > 1",
+        ),
+        ([*PARTIAL, "algorithm.dynamic_sampling=true"], "rollout.partial", "dynamic_sampling"),
+        ([*PARTIAL, "rollout.oversample=2.5"], "rollout.oversample", "must be <= 2"),
+        (
+            ["rollout.partial=true", "rollout.oversample=1.5"],
+            "algorithm.truncated_is_cap",
+            "partial_max_cuts=2",
+        ),
+        ([*PARTIAL, "rollout.partial_max_cuts=0"], "rollout.partial_max_cuts", ""),
+        (["data.tail_share=0.2", "data.short_answer_tokens=8"], "data.short_answer_tokens", "below"),
+        (["data.tail_share=1.0"], "data.tail_share", ""),
+    ],
+)
+def test_partial_rollouts_and_the_tail_task_refuse_what_would_break_or_do_nothing(overrides, key, fragment):
+    """Partial rollouts with nothing in flight beyond the batch never cut; with dynamic sampling a round
+    would continue another's groups; without a correction, carried (older) tokens pass as on-policy. A
+    tail whose short answers are as long as the long ones is no tail."""
+    problems = check_recipe(load_recipe("grpo_tiny_cpu", overrides))
+    assert [p.key for p in problems] == [key], problems
+    assert fragment in problems[0].message
+    for ok in (PARTIAL, [*PARTIAL[:2], "algorithm.old_logprobs=engine"], ["data.tail_share=0.2"]):
+        assert check_recipe(load_recipe("grpo_tiny_cpu", ok)) == []
+
+
+def test_the_tail_share_is_refused_on_a_problem_source(tmp_path):
+    cfg = load_recipe("grpo_tiny_hf_cpu", ["data.tail_share=0.2"])
+    assert "data.tail_share" in {p.key for p in check_recipe(cfg, read_data=False)}

@@ -102,3 +102,14 @@ def test_binding_follows_the_mode_and_refuses_truncated_support():
     assert seen["T"] == 0.7
     with pytest.raises(ValueError, match="top_p=0.9"):
         bind_trainer_logprobs(record, "processed_logprobs", SamplingSettings(top_p=0.9))
+
+
+def test_a_share_of_carried_samples_alone_compares_nothing_against_the_batchs_version():
+    """A DP rank or minibatch may hold only samples carried from version 1 while the batch's newest
+    (the trainer's) is 2: measured against version 2 they give no tokens, not a false alarm."""
+    old = _sample(0, [-1.0, -1.0], version=1)
+    r = compare([old], [torch.tensor([-5.0, -5.0])], threshold=0.5, version=2)
+    assert r["tokens"] == 0 and r["older_version_tokens"] == 2 and r["beyond_threshold"] == []
+    assert math.isnan(r["max_abs_diff"])
+    # without the batch's version the share's own newest (1) is compared, drift and all
+    assert compare([old], [torch.tensor([-5.0, -5.0])], threshold=0.5)["beyond_threshold"] == [0]
