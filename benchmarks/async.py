@@ -81,12 +81,18 @@ def step_figures(rec: dict, processes: int) -> dict:
         "trainer_wait_share": rec.get("rollout_wait_s", 0.0) / wall,
         "engine_busy_share": (gen + score) / wall,
         "generation_s": gen,
-        "generation_tail_share": rec["generation"]["tail_s"] / gen if gen > 0 else 0.0,
+        # the trained batch's own tail over its own generate calls (asynchronous, the step's generation
+        # phase is the engines' work on the next batch, drawn while this one trained)
+        "generation_tail_share": _share(rec["generation"]["tail_s"], rec["generation"].get("seconds", gen)),
         "version_lag_max": rec["version_lag"]["max"],
         "reward": rec["reward"]["mean"],
         "completion_tokens_mean": rec.get("completion_tokens_mean", 0.0),
         "tokens_from_earlier_batches": rec["generation"].get("tokens_from_earlier_batches", 0),
     }
+
+
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else 0.0
 
 
 def summarise(per_step: list[dict]) -> dict:
