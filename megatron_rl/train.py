@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         samples, stats, rounds = feed.batch(step)
         lag = feed.lag(samples, step)  # 0 when synchronous; at most rollout.max_staleness when async
         newest = max(
-            (v for s in samples for v in s.versions), default=samples[0].version
-        )  # agreement: its tokens
+            (v for s in samples for v in s.versions), default=-1
+        )  # the agreement compares its tokens
 
         # 2. old-policy and reference log-probs of this DP rank's samples, before any update. The old ones
         #    are recomputed, or (algorithm.old_logprobs) taken from the engines, or, with one minibatch,

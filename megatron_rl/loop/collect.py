@@ -121,14 +121,16 @@ def generate_and_score(
     carried = carried or {}
     forced = [i for i in sorted(carried) if carried[i].cuts >= max_cuts]
     quota = GroupQuota(n, keep_groups, forced)
+    # Carried requests first: the engine schedules in arrival order, and a carried group queued behind the
+    # fresh ones could wait past the cut batch after batch.
     requests, fresh = [], [i for i in range(len(prompts)) if i not in carried]
-    caps = [getattr(prompts[i], "max_new_tokens", None) for i in fresh]
-    for r in engine.requests_for([prompts[i].prompt_ids for i in fresh], n, max_tokens=caps):
-        requests.append(replace(r, prompt_index=fresh[r.prompt_index]))
     for i, group in sorted(carried.items()):
         for _ in group.finished:
             quota.add(i)
         requests += [replace(c, prompt_index=i) for c in group.partial]
+    caps = [getattr(prompts[i], "max_new_tokens", None) for i in fresh]
+    for r in engine.requests_for([prompts[i].prompt_ids for i in fresh], n, max_tokens=caps):
+        requests.append(replace(r, prompt_index=fresh[r.prompt_index]))
     held = {(r.prompt_index, r.sample_index): len(r.token_ids) for r in requests}
     pending: dict[tuple[int, int], object] = {}
     t0 = time.perf_counter()
@@ -174,9 +176,9 @@ def generate_and_score(
             out += [replace(x, prompt_index=global_index[i]) for x in mine]
         elif partial:  # cut: carried into the next batch with what it has
             rest = [c for c in cut if c.prompt_index == i]
-            # a cut counts only for a group that has something: one the quota left untouched (full before
-            # it started) is not older for it
-            started = bool(mine) or any(c.token_ids for c in rest)
+            # a cut counts for a group that has something, or was carried already (it waited a batch, and
+            # must become one the batch waits for); a new group the quota left untouched is not older for it
+            started = bool(mine) or any(c.token_ids for c in rest) or i in carried
             cuts = (carried[i].cuts if i in carried else 0) + int(started)
             left.append(CarriedGroup(prompts[i], mine, rest, cuts))
         # else: generated and scored, but its group finished after the quota was met: dropped

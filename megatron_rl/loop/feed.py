@@ -179,6 +179,11 @@ def resumed_carry(cfg, saved: dict | None) -> list[dict]:
     """The carried groups of a resumed checkpoint, refused when the run's settings no longer fit them (a
     group of n samples cannot be trained as one of m; more carried groups than a batch holds break the
     lag bound) or when partial rollouts were turned off (their prompts, already drawn, would be lost)."""
+    if isinstance(saved, list) and saved:  # an early format: groups without the settings they were cut under
+        raise SystemExit(
+            f"the checkpoint carries {len(saved)} groups cut by partial rollouts without the settings they were "
+            "cut under, so this run cannot tell whether they fit: start afresh with checkpoint.resume=none"
+        )
     if not saved or not saved.get("groups"):
         return []
     if not cfg.rollout.partial:

@@ -142,7 +142,7 @@ def resumed(tmp_path_factory):
     killed and resumed. The tail task's lengths are fixed by its caps, so all three cut and carry the
     same groups at the same steps."""
     tmp = tmp_path_factory.mktemp("partial_resume")
-    steps = 8
+    steps = 6
     launch(tmp, steps, TAIL, name="A", recipe=SEP)
     a = {r["step"]: r for r in records(tmp, "A")}
     b = _killed_and_resumed(tmp, steps, [], "B")

@@ -3,6 +3,7 @@ carry's checkpoint form."""
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -105,3 +106,81 @@ def test_the_tail_task_caps_most_answers_short_and_leaves_the_stream_alone_witho
     # without a tail the prompts are those the task always drew: one randint per prompt, nothing else
     rng = random.Random(0)
     assert [p.target for p in ArithmeticTask(seed=0).draw(20)] == [rng.randint(0, 20) for _ in range(20)]
+
+
+class _ArrivalOrderEngine:
+    """Serves requests strictly in arrival order, `slots` at a time, one token per step each, as a full
+    engine's scheduler does; every sample runs to its cap. Records the order requests arrived in."""
+
+    def __init__(self, slots: int):
+        self.slots, self.arrived = slots, []
+
+    def requests_for(self, prompts, n, max_tokens=None):
+        return [
+            Partial(i, s, list(p), [], [], [], max_tokens=3) for i, p in enumerate(prompts) for s in range(n)
+        ]
+
+    def generate_requests(self, requests, call_id=None, keep_partial=False):
+        self.arrived = [(r.prompt_index, r.sample_index) for r in requests]
+        held = {(r.prompt_index, r.sample_index): r for r in requests}
+        engine = self
+
+        class Stream:
+            cut: list = []
+
+            def __iter__(self):
+                running = list(requests)
+                while running:
+                    for r in running[: engine.slots]:
+                        key = (r.prompt_index, r.sample_index)
+                        tokens, logprobs, versions = [*r.token_ids, 7], [*r.logprobs, -1.0], [*r.versions, 2]
+                        if len(tokens) < r.max_tokens:
+                            held[key] = replace(r, token_ids=tokens, logprobs=logprobs, versions=versions)
+                            running = [held.get((x.prompt_index, x.sample_index), x) for x in running]
+                            continue
+                        running = [x for x in running if (x.prompt_index, x.sample_index) != key]
+                        del held[key]
+                        yield Sample(*key, r.prompt_ids, tokens, logprobs, "length", True, 2)
+
+            def close(self):
+                self.cut = [r for r in held.values()]
+
+        return Stream()
+
+
+def test_carried_groups_are_served_before_new_ones_and_cannot_wait_forever():
+    """Queued behind the new prompts, carried groups that never got a slot would be carried untouched
+    batch after batch (never trained, never forced). They go first, and a carried group cut again is
+    charged the cut even with nothing generated."""
+    from types import SimpleNamespace as NS
+
+    from megatron_rl.loop.collect import CollectStats, generate_and_score
+    from megatron_rl.telemetry.phases import PhaseTimer
+
+    task = ArithmeticTask(seed=1)
+    prompts = task.draw(4)
+    untouched = CarriedGroup(
+        prompts[0], [], [Partial(0, s, prompts[0].prompt_ids, [], [], [], 3) for s in range(2)], cuts=0
+    )
+    engine = _ArrivalOrderEngine(slots=4)
+    pool = NS(
+        submit=lambda *a: None,
+        results=lambda: [
+            NS(sample_id=(g, s), seconds=0.0, reward=1.0, status="pass") for g in range(4) for s in range(2)
+        ],
+    )
+    task.problem, task.program = (lambda p: None), (lambda ids: "")
+    out, cut = generate_and_score(
+        engine, True, prompts, [0, 1, 2, 3], 2, task, pool, PhaseTimer(), CollectStats(), 0,
+        keep_groups=2, carried={0: untouched}, max_cuts=2,
+    )  # fmt: skip
+    assert engine.arrived[:2] == [(0, 0), (0, 1)]  # the carried group's requests arrive first
+    assert {s.prompt_index for s in out} == {0, 1}  # and it is among the first groups to finish
+    # a carried group cut again with nothing generated is still charged the cut (it becomes forced)
+    engine = _ArrivalOrderEngine(slots=0)
+    out, cut = generate_and_score(
+        engine, True, prompts, [0, 1, 2, 3], 2, task, pool, PhaseTimer(), CollectStats(), 0,
+        keep_groups=0, carried={0: untouched}, max_cuts=2,
+    )  # fmt: skip
+    assert [(g.prompt is prompts[0], g.cuts) for g in cut][0] == (True, 1)
+    assert all(g.cuts == 0 for g in cut[1:])  # new groups never started are not charged

@@ -35,6 +35,8 @@ def test_a_carry_is_refused_when_partial_rollouts_are_off_or_its_settings_change
         feed_mod.resumed_carry(_cfg(), _saved(samples_per_prompt=2))
     with pytest.raises(SystemExit, match="oversample was 2.0, now 1.5"):
         feed_mod.resumed_carry(_cfg(), _saved(oversample=2.0))
+    with pytest.raises(SystemExit, match="without the settings they were cut under"):
+        feed_mod.resumed_carry(_cfg(), [{"any": "group"}])
     assert feed_mod.resumed_carry(_cfg(), _saved()) == [{"any": "group"}]
     # nothing carried (or an older checkpoint without a carry): any settings resume
     assert feed_mod.resumed_carry(_cfg(partial=False), None) == []
