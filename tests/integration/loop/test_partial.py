@@ -4,8 +4,8 @@
   different weight versions: every token a cut sample held is in its continuation, unchanged (same
   token, log-prob, version); every prompt drawn is trained once or still carried; and each trained
   token's log-prob is the one HF gives under the version the sample records for it, not another's.
-- End to end on separated pools, asynchronous, killed with SIGKILL and resumed: the carried groups
-  travel in the checkpoint, and every step trains the same samples as the uninterrupted run.
+- End to end on separated pools, killed with SIGKILL and resumed: the carried groups travel in the
+  checkpoint, and every step trains the same samples as the uninterrupted run, token for token.
 """
 
 import json
@@ -138,22 +138,19 @@ def _killed_and_resumed(tmp, steps, extra, name):
 
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory):
-    """A: synchronous, uninterrupted; B: the same, killed with SIGKILL and resumed; C: asynchronous,
-    killed and resumed. The tail task's lengths are fixed by its caps, so all three cut and carry the
-    same groups at the same steps."""
+    """A: synchronous, uninterrupted; B: the same, killed with SIGKILL and resumed. (Asynchronous kill
+    and resume, where the batch drawn ahead is drawn again: test_separated.py.)"""
     tmp = tmp_path_factory.mktemp("partial_resume")
     steps = 6
     launch(tmp, steps, TAIL, name="A", recipe=SEP)
     a = {r["step"]: r for r in records(tmp, "A")}
-    b = _killed_and_resumed(tmp, steps, [], "B")
-    c = _killed_and_resumed(tmp, steps, ["layout.synchrony=async"], "C")
-    return steps, a, b, c
+    return steps, a, _killed_and_resumed(tmp, steps, [], "B")
 
 
 def test_kill_and_resume_trains_the_same_samples(resumed):
     """Synchronous: the carried groups come back from the checkpoint exactly, so every step trains the
     same samples (tokens and per-token versions) as the uninterrupted run."""
-    steps, a, b, _ = resumed
+    steps, a, b = resumed
     assert set(a) == set(b) == set(range(1, steps + 1))
     assert [b[s]["prompt_digest"] for s in sorted(b)] == [a[s]["prompt_digest"] for s in sorted(a)]
     assert [b[s]["sample_digest"] for s in sorted(b)] == [a[s]["sample_digest"] for s in sorted(a)]
@@ -168,13 +165,3 @@ def test_kill_and_resume_trains_the_same_samples(resumed):
     same = [r["logprob_agreement"] for r in a.values() if r["logprob_agreement"]["version_lag"] == 0]
     assert len(same) >= steps - 2 and all(g["beyond_threshold"] == [] for g in same)
     assert all(g["older_version_tokens"] + g["tokens"] > 0 for g in same)
-
-
-def test_async_kill_and_resume_neither_loses_nor_repeats_prompts(resumed):
-    """Asynchronous: the batch drawn ahead is drawn again with the resumed policy (its versions differ
-    from an uninterrupted run's), the carried groups come back, and every step trains the same prompts."""
-    steps, a, _, c = resumed
-    assert set(c) == set(range(1, steps + 1))
-    assert [c[s]["prompt_digest"] for s in sorted(c)] == [a[s]["prompt_digest"] for s in sorted(a)]
-    assert max(r["version_lag"]["max"] for r in c.values()) <= 3  # staleness 1 + partial_max_cuts 2
-    assert any(r["version_lag"]["max"] > 0 for r in c.values())
