@@ -151,7 +151,7 @@ def generate_and_score(
     stats.generation_s += time.perf_counter() - t0
     stats.finish_s.append(finished)
     stats.call_s.append(time.perf_counter() - t0)
-    cut = list(getattr(stream, "cut", []))
+    cut = list(stream.cut)  # rollout.partial: the requests the close aborted, with their tokens
     stats.generated_tokens += sum(len(c.token_ids) - held[(c.prompt_index, c.sample_index)] for c in cut)
     if not is_leader:
         return [], []
