@@ -31,6 +31,17 @@ class TrainerCoord:
 
 
 @dataclass(frozen=True)
+class ExpertCoord:
+    """A rank's place in the expert layers' own grid (megatron-core's expert rank generator: ETP
+    fastest, then EP, then expert-DP, PP slowest): which expert shard it holds."""
+
+    etp: int
+    ep: int
+    edp: int
+    pp: int
+
+
+@dataclass(frozen=True)
 class EngineCoord:
     engine: int  # which engine replica
     tp: int  # rank inside that engine's TP group
@@ -51,6 +62,9 @@ class ParallelLayout:
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    # Expert tensor parallelism: the expert layers' own TP (megatron-core's
+    # `expert_tensor_parallel_size`); EP x ETP ranks share one replica of the experts.
+    etp: int = 1
     sequence_parallel: bool = False
     recompute: str = "none"  # none | selective | full
     pp_layers: tuple[int, ...] = ()  # explicit layers per PP stage; () = even split
@@ -84,6 +98,7 @@ class ParallelLayout:
             dp=layout.dp,
             cp=layout.cp,
             ep=layout.ep,
+            etp=layout.etp,
             sequence_parallel=layout.sequence_parallel,
             recompute=layout.recompute,
             pp_layers=tuple(layout.pp_layers),
@@ -96,7 +111,18 @@ class ParallelLayout:
     def as_overrides(self) -> list[str]:
         """The Hydra overrides that set this layout in a recipe (the inverse of `from_config`), e.g.
         to run the layout the planner's search ranks first."""
-        keys = ("tp", "pp", "dp", "cp", "ep", "sequence_parallel", "recompute", "engine_tp", "engine_count")
+        keys = (
+            "tp",
+            "pp",
+            "dp",
+            "cp",
+            "ep",
+            "etp",
+            "sequence_parallel",
+            "recompute",
+            "engine_tp",
+            "engine_count",
+        )
         out = [f"layout.{k}={str(getattr(self, k)).lower()}" for k in keys]
         out.append(f"layout.pp_layers=[{','.join(str(n) for n in self.pp_layers)}]")
         return out + [f"layout.placement={self.placement}", f"layout.synchrony={self.synchrony}"]
@@ -170,6 +196,22 @@ class ParallelLayout:
             rank = rank * size + idx[dim]
         return rank
 
+    @property
+    def expert_dp(self) -> int:
+        """Replicas of the experts: the ranks of a PP stage over the ranks one replica spans (ETP x EP)."""
+        return self.tp * self.cp * self.dp // (self.etp * self.ep)
+
+    def expert_coord(self, rank: int) -> ExpertCoord:
+        """Where a trainer rank sits among the expert layers' shards (the same order as `trainer_coord`,
+        with ETP for TP, EP in its own place, CP folded into expert-DP), as megatron-core numbers them."""
+        if not 0 <= rank < self.trainer_world:
+            raise ValueError(f"rank {rank} is not a trainer rank (trainer world {self.trainer_world})")
+        sizes = {"tp": self.etp, "cp": 1, "ep": self.ep, "dp": self.expert_dp, "pp": self.pp}
+        idx, rest = {}, rank
+        for dim in self.order.split("-"):
+            idx[dim], rest = rest % sizes[dim], rest // sizes[dim]
+        return ExpertCoord(etp=idx["tp"], ep=idx["ep"], edp=idx["dp"], pp=idx["pp"])
+
     def tp_group(self, rank: int) -> list[int]:
         c = self.trainer_coord(rank)
         return [self.trainer_rank(TrainerCoord(t, c.cp, c.dp, c.pp)) for t in range(self.tp)]
@@ -224,6 +266,8 @@ class ParallelLayout:
     # ---- words ----
     def describe(self) -> str:
         tr = f"trainer TP{self.tp} PP{self.pp} DP{self.dp}" + (f" CP{self.cp}" if self.cp > 1 else "")
+        if self.ep > 1 or self.etp > 1:
+            tr += f" EP{self.ep} ETP{self.etp}"
         en = f"{self.engine_count} x TP{self.engine_tp} engines"
         if self.colocated:
             return f"colocated {self.gpus} GPUs: {tr}, {en}, recompute {self.recompute}"

@@ -13,7 +13,7 @@ from megatron_rl.config.problem import Problem
 PLACEMENTS = ("colocated", "separated")
 SYNCHRONIES = ("sync", "async")
 RECOMPUTE_MODES = ("none", "selective", "full")
-SIZES = ("tp", "pp", "dp", "cp", "ep", "engine_tp", "engine_count")
+SIZES = ("tp", "pp", "dp", "cp", "ep", "etp", "engine_tp", "engine_count")
 # vLLM pads its vocab-parallel embedding and LM head to a multiple of this, then splits it over TP.
 ENGINE_VOCAB_PAD = 64
 
@@ -105,12 +105,46 @@ def trainer_problems(layout, model) -> list[Problem]:
                 "driver",
             )
         )
-    if layout.ep > 1:
+    return out + expert_problems(layout, model)
+
+
+def expert_problems(layout, model) -> list[Problem]:
+    """EP and ETP against the model and the trainer's grid (megatron-core's expert rank generator)."""
+    experts = getattr(model, "num_experts", None) or 0
+    if not experts:
+        return [
+            _p(key, getattr(layout, key), f"expert parallelism needs a mixture-of-experts model; this one "
+               f"is dense; set layout.{key}=1")
+            for key in ("ep", "etp")
+            if getattr(layout, key) > 1
+        ]  # fmt: skip
+    out = []
+    ep, etp = layout.ep, layout.etp
+    if experts % ep:
+        divisors = [d for d in range(1, experts + 1) if experts % d == 0]
+        out.append(_p("ep", ep, f"must divide model.num_experts={experts} (each EP rank holds whole experts); "
+                                f"use one of {divisors}"))  # fmt: skip
+    stage = layout.tp * layout.cp * layout.dp
+    if stage % (ep * etp):
         out.append(
             _p(
                 "ep",
-                layout.ep,
-                "expert parallelism needs a mixture-of-experts model; this one is dense; set layout.ep=1",
+                ep,
+                f"ep x etp = {ep * etp} must divide the tp x cp x dp = {stage} ranks of a pipeline stage "
+                "(megatron-core carves the expert grid out of them); change layout.ep, layout.etp or layout.dp",
+            )
+        )
+    ffn = model.moe_ffn_hidden_size or 0
+    if ffn % etp:
+        out.append(_p("etp", etp, f"must divide model.moe_ffn_hidden_size={ffn}"))
+    if layout.tp > 1 and not layout.sequence_parallel:
+        out.append(
+            _p(
+                "sequence_parallel",
+                layout.sequence_parallel,
+                f"must be true for a mixture-of-experts model at layout.tp={layout.tp}: megatron-core's MoE "
+                "layer refuses to train at TP > 1 without sequence parallelism (each TP rank routes its own "
+                "slice of the tokens); set layout.sequence_parallel=true",
             )
         )
     return out
@@ -135,6 +169,9 @@ def engine_problems(engine_tp: int, model) -> list[Problem]:
         out.append(_p("engine_tp", engine_tp, f"must divide model.num_query_groups={kv}"))
     if model.ffn_hidden_size % engine_tp:
         out.append(_p("engine_tp", engine_tp, f"must divide model.ffn_hidden_size={model.ffn_hidden_size}"))
+    moe_ffn = getattr(model, "moe_ffn_hidden_size", None) or 0
+    if moe_ffn % engine_tp:  # vLLM's fused MoE splits every expert's FFN over the engine's TP ranks
+        out.append(_p("engine_tp", engine_tp, f"must divide model.moe_ffn_hidden_size={moe_ffn}"))
     padded = -(-model.vocab_size // ENGINE_VOCAB_PAD) * ENGINE_VOCAB_PAD
     if padded % engine_tp:
         out.append(

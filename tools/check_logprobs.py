@@ -100,7 +100,16 @@ def main(argv: list[str]) -> int:
     if rc.model.hf_checkpoint:
         from megatron_rl.trainer.hf_import import load_hf_into
 
-        load_hf_into(policy.model, spec, rc.model.hf_checkpoint, lay.tp, st.tp_rank, policy.padded_vocab)
+        load_hf_into(
+            policy.model,
+            spec,
+            rc.model.hf_checkpoint,
+            lay.tp,
+            st.tp_rank,
+            policy.padded_vocab,
+            etp=lay.etp,
+            etp_rank=st.expert_coord.etp,
+        )
     max_len = min(spec.max_position_embeddings, args.prompt_len + ro.max_new_tokens)
     model_dir = tempfile.TemporaryDirectory()  # config.json only; the publication brings the weights
     dtype = hf_dtype_name(spec.params_dtype)

@@ -1,8 +1,8 @@
 """Export the policy as an HF safetensors directory (what `transformers` and vLLM load).
 
 Every rank of the model group takes part. The model travels to the writing rank (rank 0) one
-tensor at a time: the owning stage's TP ranks all-gather that tensor's shards, the stage leader
-(TP rank 0, DP rank 0) unshards it and sends it to rank 0, which moves it to host memory. Device
+tensor at a time: the owning stage's TP ranks (an expert's: its EP rank's expert TP ranks) all-gather
+that tensor's shards, the group's leader (TP rank 0, DP rank 0) unshards it and sends it to rank 0, which moves it to host memory. Device
 memory beyond the model is one full tensor (x TP for the gather), never a whole stage: an
 `all_gather_object` of stages over NCCL stages every payload on the GPU, the largest stage x the
 world size on every rank (~122 GB per GPU for a 7B model on 8 ranks). Only the names, shapes and
@@ -21,14 +21,15 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.models.dtypes import hf_dtype_name, torch_dtype
-from megatron_rl.models.hf import megatron_full_to_hf, shard_kind, tp_unshard
+from megatron_rl.models.hf import expert_of, megatron_full_to_hf, shard_kind, tp_unshard
 
 # One entry per tensor: (global name, full shape, dtype name), in the stage leader's order.
 TensorMeta = tuple[str, tuple[int, ...], str]
 
 
 def full_shape(name: str, local_shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
-    """The unsharded shape of a megatron tensor from one TP shard's shape (see models/hf.py)."""
+    """The unsharded shape of a megatron tensor from one TP shard's shape (see models/hf.py); `tp` is
+    the degree the tensor is split over (the expert TP for an expert's weights: `hf.tp_of`)."""
     kind = shard_kind(name)
     shape = list(local_shape)
     if kind in ("vocab", "qkv", "fc1"):
@@ -38,18 +39,41 @@ def full_shape(name: str, local_shape: tuple[int, ...], tp: int) -> tuple[int, .
     return tuple(shape)
 
 
-def _owners(policy) -> list[tuple[int, list[TensorMeta]]]:
-    """(global rank of the stage leader, its tensors) for every PP stage, in stage order. Collective
-    (an object gather of names and shapes only, on the CPU group)."""
+def _holding(name: str):
+    """(the group that splits this tensor, its size, whether this rank's copy is the one exported).
+
+    Dense tensors: the TP group, DP replica 0. An MoE model's expert weights: the expert TP group of
+    the EP rank that holds the expert, expert-DP replica 0."""
     from megatron.core import parallel_state as ps
 
-    tp = ps.get_tensor_model_parallel_world_size()
-    leader = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
-    mine: list[TensorMeta] = [
-        (name, full_shape(name, tuple(p.shape), tp), str(p.dtype).removeprefix("torch."))
-        for name, p in policy.named_parameters_global()
-    ]
-    entry = (ps.get_pipeline_model_parallel_rank(), mine) if leader else None
+    if expert_of(name) is not None:
+        return (
+            ps.get_expert_tensor_parallel_group(),
+            ps.get_expert_tensor_parallel_world_size(),
+            ps.get_expert_data_parallel_rank() == 0,
+        )
+    return (
+        ps.get_tensor_model_parallel_group(),
+        ps.get_tensor_model_parallel_world_size(),
+        ps.get_data_parallel_rank() == 0,
+    )
+
+
+def _owners(policy) -> list[tuple[int, list[TensorMeta]]]:
+    """(global rank of a leader, the tensors it exports) for every leader, stage by stage. A leader is
+    a group's first rank in an exported replica: the TP group's for dense tensors, each EP rank's expert
+    TP group's for its experts. Collective (an object gather of names and shapes only, on the CPU group)."""
+    from megatron.core import parallel_state as ps
+
+    lead_dense = ps.get_tensor_model_parallel_rank() == 0
+    lead_expert = ps.get_expert_tensor_parallel_rank() == 0
+    mine: list[TensorMeta] = []
+    for name, p in policy.named_parameters_global():
+        _, size, exported = _holding(name)
+        leads = lead_expert if expert_of(name) is not None else lead_dense
+        if exported and leads:
+            mine.append((name, full_shape(name, tuple(p.shape), size), str(p.dtype).removeprefix("torch.")))
+    entry = (ps.get_pipeline_model_parallel_rank(), mine) if mine else None
     parts: list = [None] * dist.get_world_size()
     dist.all_gather_object(parts, entry, group=policy.state.cpu_group)
     stages = sorted((e[0], rank, e[1]) for rank, e in enumerate(parts) if e is not None)
@@ -60,25 +84,20 @@ def full_state(policy) -> dict[str, torch.Tensor]:
     """Full megatron tensors of the whole model on rank 0, in host memory (empty dict elsewhere).
 
     Collective over every rank; streamed tensor by tensor (module docstring)."""
-    from megatron.core import parallel_state as ps
-
-    tp_group = ps.get_tensor_model_parallel_group()
-    tp = ps.get_tensor_model_parallel_world_size()
-    my_stage = ps.get_pipeline_model_parallel_rank()
-    replica0 = ps.get_data_parallel_rank() == 0
     rank = dist.get_rank()
     params = dict(policy.named_parameters_global())
     device = policy.state.device
     out: dict[str, torch.Tensor] = {}
-    for stage, (leader, metas) in enumerate(_owners(policy)):
-        owning = stage == my_stage and replica0
+    for leader, metas in _owners(policy):
         for name, shape, dtype in metas:
             full = None
-            if owning:
-                p = params[name].detach().contiguous()
-                shards = [torch.empty_like(p) for _ in range(tp)]
-                dist.all_gather(shards, p, group=tp_group)
-                full = tp_unshard(policy.spec, name, shards) if rank == leader else None
+            if name in params:
+                group, size, exported = _holding(name)
+                if exported:
+                    p = params[name].detach().contiguous()
+                    shards = [torch.empty_like(p) for _ in range(size)]
+                    dist.all_gather(shards, p, group=group)
+                    full = tp_unshard(policy.spec, name, shards) if rank == leader else None
             if leader == 0:
                 if rank == 0:
                     out[name] = full.cpu()

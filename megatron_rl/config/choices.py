@@ -7,7 +7,7 @@ exactly these, so `validate` cannot accept a name the code does not implement.
 
 from __future__ import annotations
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 OVERLONG_MODES = ("none", "mask", "penalty")

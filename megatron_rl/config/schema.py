@@ -24,7 +24,7 @@ class ModelConfig:
     """
 
     name: str = ""  # defaults to the checkpoint folder's name
-    family: str | None = None  # llama | qwen2 | qwen3: selects HF naming and QKV bias / QK norm
+    family: str | None = None  # llama | qwen2 | qwen3 | qwen3_moe: selects HF naming and QKV bias / QK norm
     num_layers: int | None = None
     hidden_size: int | None = None
     ffn_hidden_size: int | None = None
@@ -47,6 +47,15 @@ class ModelConfig:
     rope_low_freq_factor: float | None = None
     rope_high_freq_factor: float | None = None
     rope_original_max_position: int | None = None
+    # Mixture of experts (family qwen3_moe; read from the checkpoint when it is set): experts per layer,
+    # each expert's FFN width, experts per token, and whether the top-k router weights are renormalised.
+    num_experts: int | None = None
+    moe_ffn_hidden_size: int | None = None
+    moe_topk: int | None = None
+    moe_norm_topk_prob: bool | None = None
+    # Router losses added to the RL loss (0 = off): the load-balancing loss and the router z-loss.
+    moe_aux_loss_coeff: float = 0.0
+    moe_z_loss_coeff: float = 0.0
     params_dtype: str = "bf16"  # bf16 | fp32 | fp16
     # Path to an HF safetensors directory to import at start; None = random init (tiny recipes).
     hf_checkpoint: str | None = None
@@ -63,7 +72,8 @@ class LayoutConfig:
     pp: int = 1
     dp: int = 1
     cp: int = 1
-    ep: int = 1
+    ep: int = 1  # expert parallel (mixture-of-experts models): carved out of TP x DP
+    etp: int = 1  # expert tensor parallel: the experts' own TP size (1 = whole experts per rank)
     # Explicit uneven PP split: layers per stage, e.g. [15, 17, 16, 16]; empty = even split.
     pp_layers: list[int] = field(default_factory=list)
     sequence_parallel: bool = False

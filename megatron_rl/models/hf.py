@@ -20,6 +20,12 @@ fused name to the local one using megatron-core's own statement of the correspon
 spec's `sharded_state_dict_keys_map`, models/megatron.py), and the names this module produces are
 the local ones.
 
+Mixture of experts (Qwen3-MoE): each layer's MLP is a router (`mlp.router.weight` <- HF `mlp.gate`)
+and experts `mlp.experts.local_experts.{e}.linear_fc1/fc2` <- HF `mlp.experts.{e}.gate_proj/up_proj/
+down_proj`, sharded like the dense MLP but over the *expert* TP (ETP), and held whole by the EP rank
+that owns expert e. Names here count experts globally (0..E-1); a model's parameters count them per
+EP rank, mapped by `models/megatron.py global_param_name`.
+
 Legend: rows are dim 0 of a weight; `R` = row range; `hd` = head_dim; `G` = KV groups.
 """
 
@@ -36,11 +42,16 @@ from megatron_rl.models.spec import ModelSpec
 HFReader = Callable[[str, int | None, int, int], torch.Tensor]
 
 LAYER_PREFIX = "decoder.layers."
+EXPERT_PREFIX = "mlp.experts.local_experts."
 
 
-def megatron_names(spec: ModelSpec, layers: range, pre_process: bool, post_process: bool) -> list[str]:
-    """Global megatron parameter names held by a PP stage with these layers."""
+def megatron_names(
+    spec: ModelSpec, layers: range, pre_process: bool, post_process: bool, experts: range | None = None
+) -> list[str]:
+    """Global megatron parameter names held by a PP stage with these layers (and, for an MoE model, these
+    global expert indices: one EP rank's share; every expert when None)."""
     names: list[str] = []
+    experts = range(spec.num_experts) if experts is None else experts
     if pre_process:
         names.append("embedding.word_embeddings.weight")
     for i in layers:
@@ -50,12 +61,16 @@ def megatron_names(spec: ModelSpec, layers: range, pre_process: bool, post_proce
             names.append(p + "self_attention.linear_qkv.bias")
         if spec.qk_norm:
             names += [p + "self_attention.q_layernorm.weight", p + "self_attention.k_layernorm.weight"]
-        names += [
-            p + "self_attention.linear_proj.weight",
-            p + "pre_mlp_layernorm.weight",
-            p + "mlp.linear_fc1.weight",
-            p + "mlp.linear_fc2.weight",
-        ]
+        names += [p + "self_attention.linear_proj.weight", p + "pre_mlp_layernorm.weight"]
+        if spec.is_moe:
+            names.append(p + "mlp.router.weight")
+            for e in experts:
+                names += [
+                    f"{p}{EXPERT_PREFIX}{e}.linear_fc1.weight",
+                    f"{p}{EXPERT_PREFIX}{e}.linear_fc2.weight",
+                ]
+        else:
+            names += [p + "mlp.linear_fc1.weight", p + "mlp.linear_fc2.weight"]
     if post_process:
         names.append("decoder.final_layernorm.weight")
         # Tied embeddings: the last stage keeps its own copy of the embedding only when it is not
@@ -86,6 +101,14 @@ def _split(name: str) -> tuple[int | None, str]:
     return None, name
 
 
+def expert_of(name: str) -> int | None:
+    """The global expert index of an expert tensor's name; None for every other tensor."""
+    _, rest = _split(name)
+    if not rest.startswith(EXPERT_PREFIX):
+        return None
+    return int(rest[len(EXPERT_PREFIX) :].split(".", 1)[0])
+
+
 def split_layer_name(name: str) -> tuple[int | None, str]:
     """'decoder.layers.3.mlp.linear_fc1.weight' -> (3, 'mlp.linear_fc1.weight'); either naming scheme."""
     return _split(canonical_name(name))
@@ -113,6 +136,15 @@ def hf_sources(spec: ModelSpec, name: str) -> list[str]:
             return ["model.norm.weight"]
         raise KeyError(f"unknown megatron tensor {name!r}")
     p = f"model.layers.{layer}."
+    if rest.startswith(EXPERT_PREFIX):
+        e, leaf = rest[len(EXPERT_PREFIX) :].split(".", 1)
+        if leaf == "linear_fc1.weight":
+            return [p + f"mlp.experts.{e}.gate_proj.weight", p + f"mlp.experts.{e}.up_proj.weight"]
+        if leaf == "linear_fc2.weight":
+            return [p + f"mlp.experts.{e}.down_proj.weight"]
+        raise KeyError(f"unknown megatron tensor {name!r}")
+    if rest == "mlp.router.weight":
+        return [p + "mlp.gate.weight"]
     if rest in _SIMPLE:
         return [p + _SIMPLE[rest]]
     if rest == "self_attention.linear_qkv.weight":
@@ -132,6 +164,17 @@ def hf_shape(spec: ModelSpec, hf_name: str) -> tuple[int, ...]:
     if hf_name == "model.norm.weight" or hf_name.endswith("layernorm.weight"):
         return (h,)
     leaf = hf_name.split(".", 3)[-1]
+    if leaf.startswith("mlp.experts."):  # mlp.experts.{e}.gate_proj.weight
+        e, leaf = leaf[len("mlp.experts.") :].split(".", 1)
+        fe = spec.moe_ffn_hidden_size
+        shape = {"gate_proj.weight": (fe, h), "up_proj.weight": (fe, h), "down_proj.weight": (h, fe)}.get(
+            leaf
+        )
+        if shape is None or not e.isdigit() or int(e) >= spec.num_experts:
+            raise KeyError(f"unknown HF tensor {hf_name!r}")
+        return shape
+    if leaf == "mlp.gate.weight" and spec.is_moe:
+        return (spec.num_experts, h)
     shapes = {
         "self_attn.q_proj.weight": (spec.q_size, h),
         "self_attn.k_proj.weight": (spec.kv_size, h),
@@ -161,17 +204,23 @@ def all_hf_names(spec: ModelSpec) -> list[str]:
 
 
 def shard_kind(name: str) -> str:
-    """How a megatron tensor is split across TP: 'vocab', 'qkv', 'fc1', 'row' (dim 1) or 'replicated'."""
+    """How a megatron tensor is split across TP: 'vocab', 'qkv', 'fc1', 'row' (dim 1) or 'replicated'.
+    An expert's fc1 / fc2 split the same way over the expert TP (`tp_of`)."""
     _, rest = split_layer_name(name)
     if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
         return "vocab"
     if rest.startswith("self_attention.linear_qkv."):
         return "qkv"
-    if rest == "mlp.linear_fc1.weight":
+    if rest.endswith("linear_fc1.weight"):
         return "fc1"
-    if rest in ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight"):
+    if rest == "self_attention.linear_proj.weight" or rest.endswith("linear_fc2.weight"):
         return "row"
     return "replicated"
+
+
+def tp_of(name: str, tp: int, etp: int) -> int:
+    """The TP degree a tensor is split over: the expert TP for an expert's weights, the TP otherwise."""
+    return etp if expert_of(name) is not None else tp
 
 
 def tp_shard(spec: ModelSpec, name: str, full: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
@@ -234,7 +283,7 @@ def hf_to_megatron_shard(
             pieces.append(read(srcs[2], 0, kv_r.start, kv_r.stop))
         return torch.cat(pieces, 0)
     if kind == "fc1":
-        f = spec.ffn_hidden_size // tp
+        f = hf_shape(spec, srcs[0])[0] // tp
         return torch.cat([read(s, 0, rank * f, (rank + 1) * f) for s in srcs], 0)
     if kind == "row":
         cols = hf_shape(spec, srcs[0])[1] // tp

@@ -66,6 +66,8 @@ def transformer_config(spec: ModelSpec, par: ParallelLayout, dtype: str | None =
         # On CPU the p2p sends of a pipeline run unbatched-sync-free (gloo has no streams).
         batch_p2p_sync=not on_cpu,
     )
+    if spec.is_moe:
+        kwargs.update(moe_config(spec, par, on_cpu))
     if par.pp_layers:
         if len(par.pp_layers) != par.pp:
             raise ValueError(f"layout.pp_layers has {len(par.pp_layers)} entries for pp={par.pp}")
@@ -80,13 +82,56 @@ def transformer_config(spec: ModelSpec, par: ParallelLayout, dtype: str | None =
     return TransformerConfig(**kwargs)
 
 
+def token_dispatcher(on_cpu: bool) -> str:
+    """The MoE token dispatcher: how tokens reach the experts of other EP ranks.
+
+    - GPU: `alltoall`, megatron-core's default for EP: each rank sends every token only to the EP ranks
+      holding its experts (all-to-all over NCCL), the least traffic of the three.
+    - CPU (gloo): `allgather`. Probed on megatron-core 0.16.1 over 2 gloo processes (forward,
+      backward and routing replay at EP1 and EP2): it needs only the `te_general_gemm` patch
+      (trainer/cpu_compat.py) that every dispatcher needs. `alltoall` also creates a
+      `torch.cuda.Stream` in its constructor and syncs its split sizes device-to-host on that stream
+      (token_dispatcher.py, `MoEAlltoAllTokenDispatcher`), which fails without CUDA; `flex` is
+      DeepEP/HybridEP, CUDA kernels only. All-gather moves every token to every EP rank, which is
+      cheap at the sizes a CPU runs.
+    """
+    return "allgather" if on_cpu else "alltoall"
+
+
+def moe_config(spec: ModelSpec, par: ParallelLayout, on_cpu: bool) -> dict:
+    """The TransformerConfig keys of a Qwen3-MoE model: every layer routed, no shared expert.
+
+    HF's router takes a softmax over all experts, then the top k, renormalised when `norm_topk_prob`;
+    megatron-core's `moe_router_pre_softmax=False` takes the top-k logits and a softmax over them, which
+    is the same renormalised weights, and `True` the softmax over all without renormalising."""
+    losses = []
+    if spec.moe_aux_loss_coeff > 0:
+        losses.append("aux_loss")
+    return dict(
+        num_moe_experts=spec.num_experts,
+        moe_ffn_hidden_size=spec.moe_ffn_hidden_size,
+        moe_router_topk=spec.moe_topk,
+        moe_router_pre_softmax=not spec.moe_norm_topk_prob,
+        moe_router_load_balancing_type=losses[0] if losses else "none",
+        moe_aux_loss_coeff=spec.moe_aux_loss_coeff,
+        moe_z_loss_coeff=spec.moe_z_loss_coeff or None,
+        moe_token_dispatcher_type=token_dispatcher(on_cpu),
+        moe_grouped_gemm=False,  # per-expert linears: the names models/hf.py maps (local_experts.N)
+        moe_permute_fusion=False,
+        moe_router_fusion=False,
+        expert_model_parallel_size=par.ep,
+        expert_tensor_parallel_size=par.etp,
+    )
+
+
 def layer_spec(spec: ModelSpec, use_te: bool | None = None):
     from megatron.core.models.gpt import gpt_layer_specs as S
 
     use_te = transformer_engine_available() if use_te is None else use_te
+    moe = dict(num_experts=spec.num_experts, moe_grouped_gemm=False) if spec.is_moe else {}
     if use_te:
-        return S.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.qk_norm)
-    return S.get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=spec.qk_norm)
+        return S.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.qk_norm, **moe)
+    return S.get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=spec.qk_norm, **moe)
 
 
 def build_gpt(spec: ModelSpec, config, padded_vocab: int, pre_process: bool, post_process: bool, use_te=None):
@@ -152,5 +197,8 @@ def global_param_name(model, local_name: str) -> str:
 
     parts = local_name.split(".")
     if parts[:2] == ["decoder", "layers"]:
-        parts[2] = str(model.decoder.layers[int(parts[2])].layer_number - 1)
+        layer = model.decoder.layers[int(parts[2])]
+        parts[2] = str(layer.layer_number - 1)
+        if parts[3:6] == ["mlp", "experts", "local_experts"]:  # this EP rank's experts count from 0
+            parts[6] = str(layer.mlp.local_expert_indices[int(parts[6])])
     return canonical_name(".".join(parts))

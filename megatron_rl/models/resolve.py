@@ -47,8 +47,12 @@ FAMILY_DEFAULTS = {
     "llama": {"qkv_bias": False, "qk_norm": False},
     "qwen2": {"qkv_bias": True, "qk_norm": False},
     "qwen3": {"qkv_bias": False, "qk_norm": True},
+    "qwen3_moe": {"qkv_bias": False, "qk_norm": True, "moe_norm_topk_prob": False},  # HF's default
 }
-MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # config.json model_type -> family
+# config.json model_type -> family
+MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
+# The keys a mixture-of-experts family requires (a recipe without a checkpoint states them).
+MOE_REQUIRED = ("num_experts", "moe_ffn_hidden_size", "moe_topk")
 ROPE_TYPES = ("none", "llama3")  # what trainer and engine both implement
 # The keys compared with a checkpoint (name, params_dtype and the padding multiple are the recipe's).
 COMPARED = REQUIRED + (
@@ -64,6 +68,10 @@ COMPARED = REQUIRED + (
     "rope_low_freq_factor",
     "rope_high_freq_factor",
     "rope_original_max_position",
+    "num_experts",
+    "moe_ffn_hidden_size",
+    "moe_topk",
+    "moe_norm_topk_prob",
 )
 
 
@@ -104,7 +112,8 @@ def fields_from_config(cfg: dict, where: str = "config.json") -> dict:
     family = MODEL_TYPES[model_type]
     _refuse_unimplemented(cfg, family, where)
     for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size",
-                "num_key_value_heads", "head_dim", "max_position_embeddings"):  # fmt: skip
+                "num_key_value_heads", "head_dim", "max_position_embeddings", "num_experts", "num_local_experts",
+                "moe_intermediate_size", "num_experts_per_tok"):  # fmt: skip
         value = cfg.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise CheckpointConfigError(f"{where}: {key}={value!r} must be a positive integer")
@@ -129,6 +138,19 @@ def fields_from_config(cfg: dict, where: str = "config.json") -> dict:
         "qkv_bias": FAMILY_DEFAULTS[family]["qkv_bias"],  # attention_bias was refused above
         "qk_norm": FAMILY_DEFAULTS[family]["qk_norm"],
     }
+    if family == "qwen3_moe":
+        # transformers 5 writes `num_local_experts` (its attribute map of `num_experts`); 4 wrote `num_experts`.
+        out["num_experts"] = cfg.get("num_experts", cfg.get("num_local_experts"))
+        out["moe_ffn_hidden_size"] = cfg.get("moe_intermediate_size")
+        out["moe_topk"] = cfg.get("num_experts_per_tok")
+        out["moe_norm_topk_prob"] = bool(cfg.get("norm_topk_prob", False))
+        missing = [k for k in MOE_REQUIRED if out[k] is None]
+        if missing:
+            raise CheckpointConfigError(f"{where} lacks the mixture-of-experts keys {', '.join(missing)}")
+        if out["moe_topk"] > out["num_experts"]:
+            raise CheckpointConfigError(
+                f"{where}: num_experts_per_tok={out['moe_topk']} exceeds num_experts={out['num_experts']}"
+            )
     if cfg.get("head_dim"):
         out["head_dim"] = cfg["head_dim"]
     elif heads and cfg.get("hidden_size"):
@@ -183,7 +205,20 @@ def _refuse_unimplemented(cfg: dict, family: str, where: str) -> None:
         )
     if cfg.get("mlp_bias"):
         raise CheckpointConfigError(f"{where}: mlp_bias=true; MLP biases are not implemented")
-    if family in ("llama", "qwen3") and cfg.get("attention_bias"):
+    if family == "qwen3_moe":
+        sparse_step, dense_layers = cfg.get("decoder_sparse_step", 1), cfg.get("mlp_only_layers") or []
+        if sparse_step != 1 or dense_layers:
+            raise CheckpointConfigError(
+                f"{where}: decoder_sparse_step={sparse_step!r}, mlp_only_layers={dense_layers!r}: only models "
+                "whose every layer is a mixture of experts are implemented (decoder_sparse_step 1, no "
+                "mlp_only_layers)"
+            )
+        if cfg.get("shared_expert_intermediate_size"):
+            raise CheckpointConfigError(
+                f"{where}: shared_expert_intermediate_size is set; Qwen3-MoE has no shared expert and a "
+                "shared expert is not implemented"
+            )
+    if family in ("llama", "qwen3", "qwen3_moe") and cfg.get("attention_bias"):
         raise CheckpointConfigError(
             f"{where}: attention_bias=true (a bias on q, k, v and o_proj); only Qwen2's q/k/v biases are implemented"
         )
@@ -272,6 +307,21 @@ def model_problems(model) -> list[Problem]:
         out += [
             Problem(f"model.{key}", None, "is required when model.hf_checkpoint is not set") for key in unset
         ]
+    if model.family == "qwen3_moe" and not unset:
+        out += [
+            Problem(
+                f"model.{key}", getattr(model, key), "is required for a mixture-of-experts family (qwen3_moe)"
+            )
+            for key in MOE_REQUIRED
+            if not getattr(model, key)
+        ]
+    elif model.family is not None and model.family != "qwen3_moe":
+        out += [
+            Problem(f"model.{key}", getattr(model, key), f"is set but model.family={model.family} is dense; "
+                    "set model.family=qwen3_moe or remove it")
+            for key in MOE_REQUIRED
+            if getattr(model, key)
+        ]  # fmt: skip
     if model.rope_scaling is not None and model.rope_scaling not in ROPE_TYPES:
         out.append(
             Problem(

@@ -39,6 +39,16 @@ class ModelSpec:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_position: int = 0
+    # Mixture of experts (Qwen3-MoE): every layer's MLP is `num_experts` SwiGLU experts of
+    # `moe_ffn_hidden_size`, `moe_topk` of them per token, chosen by a linear router (softmax over all
+    # experts, top-k, renormalised to sum 1 when `moe_norm_topk_prob`). 0 experts = a dense model.
+    num_experts: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_topk: int = 0
+    moe_norm_topk_prob: bool = True
+    # Router losses the trainer adds (0 = off; not architecture: a checkpoint does not fix them).
+    moe_aux_loss_coeff: float = 0.0
+    moe_z_loss_coeff: float = 0.0
 
     @classmethod
     def from_config(cls, m) -> ModelSpec:  # m: config.schema.ModelConfig
@@ -78,6 +88,12 @@ class ModelSpec:
             rope_low_freq_factor=m.rope_low_freq_factor,
             rope_high_freq_factor=m.rope_high_freq_factor,
             rope_original_max_position=m.rope_original_max_position,
+            num_experts=m.num_experts or 0,
+            moe_ffn_hidden_size=m.moe_ffn_hidden_size or 0,
+            moe_topk=m.moe_topk or 0,
+            moe_norm_topk_prob=True if m.moe_norm_topk_prob is None else m.moe_norm_topk_prob,
+            moe_aux_loss_coeff=m.moe_aux_loss_coeff,
+            moe_z_loss_coeff=m.moe_z_loss_coeff,
         )
 
     # ---- shapes ----
@@ -94,6 +110,10 @@ class ModelSpec:
         return self.num_query_groups * self.head_dim
 
     @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
     def dtype_bytes(self) -> int:
         return dtype_bytes(self.params_dtype, "model.params_dtype")
 
@@ -103,19 +123,30 @@ class ModelSpec:
         return int(math.ceil(self.vocab_size / mult) * mult)
 
     # ---- counts ----
-    def layer_params(self) -> int:
-        h, f = self.hidden_size, self.ffn_hidden_size
+    def layer_params(self, active: bool = False) -> int:
+        """Parameters of one layer; `active`: only those one token uses (its top-k experts and the router)."""
+        h = self.hidden_size
         qkv = h * (self.q_size + 2 * self.kv_size) + (self.q_size + 2 * self.kv_size if self.qkv_bias else 0)
         proj = self.q_size * h
-        mlp = 3 * h * f
         norms = 2 * h + (2 * self.head_dim if self.qk_norm else 0)
-        return qkv + proj + mlp + norms
+        return qkv + proj + self.mlp_params(active) + norms
 
-    def num_params(self, padded_vocab: int | None = None) -> int:
+    def mlp_params(self, active: bool = False) -> int:
+        if not self.is_moe:
+            return 3 * self.hidden_size * self.ffn_hidden_size
+        experts = self.moe_topk if active else self.num_experts
+        return self.num_experts * self.hidden_size + experts * self.expert_params()
+
+    def expert_params(self) -> int:
+        """One expert's SwiGLU weights (gate, up, down)."""
+        return 3 * self.hidden_size * self.moe_ffn_hidden_size
+
+    def num_params(self, padded_vocab: int | None = None, active: bool = False) -> int:
+        """All parameters (memory); `active=True`: those one token's forward uses (FLOPs of an MoE)."""
         v = padded_vocab or self.vocab_size
         emb = v * self.hidden_size
         out = 0 if self.tie_word_embeddings else v * self.hidden_size
-        return self.num_layers * self.layer_params() + emb + out + self.hidden_size
+        return self.num_layers * self.layer_params(active) + emb + out + self.hidden_size
 
     def kv_bytes_per_token(self, kv_dtype_bytes: int | None = None) -> int:
         """KV-cache bytes one token of context holds across all layers (K and V)."""

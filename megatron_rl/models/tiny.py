@@ -28,6 +28,7 @@ _HF_CLASSES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
 }
 
 
@@ -53,6 +54,16 @@ def hf_config(spec: ModelSpec, dtype: str = "float32"):
     if spec.family == "llama":
         kw["attention_bias"] = spec.qkv_bias
         kw["mlp_bias"] = False
+    if spec.is_moe:
+        kw.update(
+            num_experts=spec.num_experts,
+            moe_intermediate_size=spec.moe_ffn_hidden_size,
+            num_experts_per_tok=spec.moe_topk,
+            norm_topk_prob=spec.moe_norm_topk_prob,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            output_router_logits=False,
+        )
     cfg = cfg_cls(**kw)
     if hasattr(cfg, "rope_parameters"):  # transformers 5: RoPE type, theta and scaling in one dict
         cfg.rope_parameters = rope_parameters(spec)

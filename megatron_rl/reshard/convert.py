@@ -105,7 +105,7 @@ def megatron_layout(spec: ModelSpec, name: str, tp: int, rank: int, padded_vocab
             ]
         return _layout(spec, name, srcs[0], 0, segs)
     if kind == "fc1":
-        f = spec.ffn_hidden_size // tp
+        f = hf_shape(spec, srcs[0])[0] // tp
         return _layout(spec, name, srcs[0], 0, [Segment(s, rank * f, f) for s in srcs])
     if kind == "row":
         cols = hf_shape(spec, srcs[0])[1] // tp

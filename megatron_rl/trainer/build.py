@@ -45,7 +45,14 @@ def build_policy(
     )
     if recipe.model.hf_checkpoint and import_weights:
         load_hf_into(
-            policy.model, spec, recipe.model.hf_checkpoint, state.tp, state.tp_rank, policy.padded_vocab
+            policy.model,
+            spec,
+            recipe.model.hf_checkpoint,
+            state.tp,
+            state.tp_rank,
+            policy.padded_vocab,
+            etp=state.layout.etp,
+            etp_rank=state.expert_coord.etp,
         )
     return policy
 

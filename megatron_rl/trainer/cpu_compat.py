@@ -39,10 +39,15 @@ def _rng() -> None:
     torch.cuda.manual_seed = lambda seed: torch.manual_seed(seed)
 
 
+_COMPUTE = torch.device("cpu")
+
+
 def _current_device() -> None:
     # RotaryEmbedding.forward, ColumnParallelLinear/RowParallelLinear init, p2p buffers and the DDP
-    # grad buffers allocate on torch.cuda.current_device().
-    torch.cuda.current_device = lambda: "cpu"
+    # grad buffers allocate on torch.cuda.current_device(); the MoE router moves its weight there on
+    # every forward when it sits on "cpu" (TopKRouter.gating). The compute device as a torch.device, as
+    # the trainer names its own (trainer/device_guard.py reads the string "cpu" as the host: a copy).
+    torch.cuda.current_device = lambda: _COMPUTE
 
 
 class _CudaLiteralToCpu(torch.overrides.TorchFunctionMode):
@@ -155,6 +160,16 @@ def _optimizer_step_state() -> None:
     D.DistributedOptimizer._set_main_param_and_optimizer_states = patched
 
 
+def _moe_router_gemm() -> None:
+    # moe_utils imports `te_general_gemm` inside a try whose except branch leaves the name undefined, and
+    # RouterGatingLinearFunction tests `te_general_gemm is not None`: a NameError in every MoE router
+    # without transformer-engine. Defining it as None takes megatron-core's own torch matmul path.
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch("rng", "tensor_parallel.random.CudaRNGStatesTracker.add/fork", _rng),
     Patch(
@@ -166,6 +181,9 @@ PATCHES: tuple[Patch, ...] = (
     Patch("synchronize", "p2p_communication._communicate(batch_p2p_sync), dist_checkpointing", _synchronize),
     Patch("tensor_type", "optimizer.clip_grads, optimizer.distrib_optimizer type() checks", _tensor_type),
     Patch("event", "inference TextGenerationController (torch.cuda.Event)", _event),
+    Patch(
+        "moe_router_gemm", "moe_utils.RouterGatingLinearFunction (MoE router without TE)", _moe_router_gemm
+    ),
     Patch(
         "optimizer_step_state",
         "DistributedOptimizer._set_main_param_and_optimizer_states (resume with torch Adam, no apex/TE)",

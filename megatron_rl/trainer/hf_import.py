@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from megatron_rl.models.dtypes import torch_dtype
-from megatron_rl.models.hf import all_hf_names, hf_shape, hf_to_megatron_shard, megatron_names
+from megatron_rl.models.hf import all_hf_names, expert_of, hf_shape, hf_to_megatron_shard, megatron_names
 from megatron_rl.models.megatron import global_param_name
 from megatron_rl.models.resolve import CheckpointConfigError, differences, fields_from_config
 from megatron_rl.models.spec import ModelSpec
@@ -132,21 +132,34 @@ def check_checkpoint(ckpt: HFCheckpoint, spec: ModelSpec) -> torch.dtype:
     return seen_dtype or torch.float32
 
 
-def load_hf_into(model, spec: ModelSpec, path: str | Path, tp: int, tp_rank: int, padded_vocab: int) -> int:
+def load_hf_into(
+    model,
+    spec: ModelSpec,
+    path: str | Path,
+    tp: int,
+    tp_rank: int,
+    padded_vocab: int,
+    etp: int = 1,
+    etp_rank: int = 0,
+) -> int:
     """Fill a PP stage's GPTModel from an HF checkpoint. Returns the number of bytes read.
 
-    Every shard is built and checked before the first `copy_`, so an error leaves the model as it was.
+    An MoE model's expert weights are read at the expert TP (`etp`, `etp_rank`), and only the experts
+    this EP rank holds. Every shard is built and checked before the first `copy_`, so an error leaves
+    the model as it was.
     """
     ckpt = HFCheckpoint.open(path)
     check_checkpoint(ckpt, spec)
     params = {global_param_name(model, n): p for n, p in model.named_parameters()}
     layers = sorted({int(n.split(".")[2]) for n in params if n.startswith("decoder.layers.")})
+    experts = sorted({e for e in map(expert_of, params) if e is not None})
     expected = set(
         megatron_names(
             spec,
             range(layers[0], layers[-1] + 1) if layers else range(0),
             "embedding.word_embeddings.weight" in params,
             "decoder.final_layernorm.weight" in params,
+            range(experts[0], experts[-1] + 1) if experts else range(0),
         )
     )
     if set(params) != expected:
@@ -154,7 +167,8 @@ def load_hf_into(model, spec: ModelSpec, path: str | Path, tp: int, tp_rank: int
     staged: dict[str, torch.Tensor] = {}
     nbytes = 0
     for name, p in params.items():
-        shard = hf_to_megatron_shard(spec, name, ckpt.read, tp, tp_rank, padded_vocab)
+        t, r = (etp, etp_rank) if expert_of(name) is not None else (tp, tp_rank)
+        shard = hf_to_megatron_shard(spec, name, ckpt.read, t, r, padded_vocab)
         if tuple(shard.shape) != tuple(p.shape):
             raise CheckpointError(f"{name}: built shard {list(shard.shape)} != parameter {list(p.shape)}")
         nbytes += shard.numel() * shard.element_size()

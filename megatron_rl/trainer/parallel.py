@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.dist_env import DistEnv, from_env
-from megatron_rl.layout import ParallelLayout, TrainerCoord
+from megatron_rl.layout import ExpertCoord, ParallelLayout, TrainerCoord
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,11 @@ class ParallelState:
     @property
     def coord(self) -> TrainerCoord:
         return self.layout.trainer_coord(self.env.rank)
+
+    @property
+    def expert_coord(self) -> ExpertCoord:
+        """This rank among the expert layers' shards (EP, ETP, expert-DP)."""
+        return self.layout.expert_coord(self.env.rank)
 
     @property
     def tp(self) -> int:
@@ -135,6 +140,8 @@ def init_parallel(
             tensor_model_parallel_size=layout.tp,
             pipeline_model_parallel_size=layout.pp,
             context_parallel_size=layout.cp,
+            expert_model_parallel_size=layout.ep,
+            expert_tensor_parallel_size=layout.etp,
             distributed_timeout_minutes=max(1, round(timeout_s / 60)),
             order=layout.order,
         )
@@ -159,6 +166,13 @@ def init_parallel(
             f"rank {env.rank}: megatron-core's groups give (tp, pp, dp rank, dp size) = {theirs}, the layout "
             f"{(state.tp_rank, state.pp_rank, state.dp_rank, layout.dp)}; they were built at another layout "
             "(destroy_model_parallel first)"
+        )
+    ec = state.expert_coord
+    theirs_ep = (ps.get_expert_model_parallel_rank(), ps.get_expert_tensor_parallel_rank())
+    if theirs_ep != (ec.ep, ec.etp):
+        raise RuntimeError(
+            f"rank {env.rank}: megatron-core's expert groups give (ep, etp rank) = {theirs_ep}, the layout "
+            f"{(ec.ep, ec.etp)}: the expert shards would be read for the wrong experts"
         )
     return state
 

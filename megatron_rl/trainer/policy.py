@@ -24,7 +24,12 @@ import torch.distributed as dist
 
 from megatron_rl.models.megatron import build_gpt, transformer_config
 from megatron_rl.models.spec import ModelSpec
-from megatron_rl.trainer.batch import Microbatch, completion_values, make_microbatches
+from megatron_rl.trainer.batch import (
+    Microbatch,
+    completion_values,
+    make_microbatches,
+    padded_length,
+)
 from megatron_rl.trainer.logprobs import token_logprobs
 from megatron_rl.trainer.parallel import ParallelState
 
@@ -182,7 +187,10 @@ class Policy:
     def _microbatches(self, sequences, prompt_lens, seq_len, extras=None) -> list[Microbatch]:
         """Microbatches on the policy's device (the one device rule: see trainer/batch.py). Without
         pipeline parallelism (no p2p buffer shape to keep) they are grouped by length, each padded to
-        its own longest."""
+        its own longest. An MoE model whose experts span ranks pads to one length over those ranks
+        (`_expert_length`)."""
+        if seq_len is None and self.spec.is_moe and self.state.layout.ep * self.state.layout.etp > 1:
+            seq_len = self._expert_length(sequences, -(-len(sequences) // self.micro_batch_size))
         by_length = self.state.pp == 1 and seq_len is None
         return make_microbatches(
             sequences,
@@ -193,6 +201,25 @@ class Policy:
             device=self.state.device,
             by_length=by_length,
         )
+
+    def _expert_length(self, sequences: list[list[int]], microbatches: int) -> int:
+        """The one padded length of every microbatch on the ranks that share experts (EP x ETP).
+
+        Each MoE layer's forward is a collective over those ranks: the CPU's all-gather dispatcher
+        (models/megatron.py `token_dispatcher`) gathers equal-sized token blocks, and every rank must
+        run the same number of microbatches. DP ranks hold different samples, so they agree here."""
+        from megatron.core import parallel_state as ps
+
+        mine = [padded_length([len(s) for s in sequences]), microbatches, -microbatches]
+        agreed = torch.tensor(mine, device=self.state.device)  # the expert groups are device groups
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=ps.get_expert_tensor_and_model_parallel_group())
+        length, most, fewest = (int(v) for v in agreed.cpu())
+        if most != -fewest:
+            raise RuntimeError(
+                f"ranks sharing experts hold {-fewest}..{most} microbatches; every rank of an expert-parallel "
+                "group must run the same number (give each DP rank an equal share of the samples)"
+            )
+        return length
 
     def logprobs(
         self,

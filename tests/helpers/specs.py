@@ -33,4 +33,9 @@ LLAMA31_TINY_SCALED = replace(
     rope_high_freq_factor=4.0,
     rope_original_max_position=8,
 )
+# Qwen3-MoE: 4 experts of width 64, top-2, renormalised (as Qwen3-30B-A3B); the dense FFN width is
+# unused (every layer is routed) but kept so a dense check of the same spec would fail loudly.
+QWEN3_MOE_TINY = replace(
+    QWEN3_TINY, name="qwen3_moe_tiny", family="qwen3_moe", num_experts=4, moe_ffn_hidden_size=64, moe_topk=2
+)
 SPECS = {s.name: s for s in (QWEN2_TINY, LLAMA_TINY_TIED, QWEN3_TINY, LLAMA31_TINY_SCALED)}

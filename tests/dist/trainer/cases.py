@@ -18,6 +18,11 @@ LOGPROB_CASES = [
     ("llama31_tiny_scaled", 2, 2, 1),
 ]
 TRAIN_CASES = [(2, 1), (2, 2)]  # DP2 and DP1 with 4 processes
+# Qwen3-MoE (tests/helpers/specs.py QWEN3_MOE_TINY) over 4 processes: (TP, PP, EP, ETP), EP x ETP
+# dividing TP x DP. TP stays 1 here: megatron-core's MoE layer trains at TP > 1 only with sequence
+# parallelism, which the local spec's torch norms refuse (tests/gpu covers TP2 x EP2 with TE).
+MOE_LOGPROB_CASES = [(1, 1, 1, 1), (1, 1, 2, 1), (1, 1, 4, 1), (1, 1, 1, 2), (1, 1, 2, 2), (1, 2, 2, 1)]
+MOE_TRAIN_CASES = [(1, 1, 2, 1), (1, 1, 2, 2)]
 OPTIM = dict(
     lr=1e-2, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-3, clip_grad=0.5, distributed_optimizer=True
 )
@@ -46,7 +51,11 @@ def train_loss(global_tokens: float):
     return loss_fn
 
 
-def reinit(tp: int, pp: int):
+def moe_case_name(tp: int, pp: int, ep: int, etp: int) -> str:
+    return f"tp{tp}pp{pp}ep{ep}etp{etp}"
+
+
+def reinit(tp: int, pp: int, ep: int = 1, etp: int = 1, sequence_parallel: bool = False):
     """Re-create megatron's model-parallel groups at another layout in the same processes."""
     from megatron.core import parallel_state as ps
 
@@ -55,4 +64,5 @@ def reinit(tp: int, pp: int):
     from megatron_rl.trainer.parallel import init_parallel, launched_world
 
     ps.destroy_model_parallel()
-    return init_parallel(ParallelLayout.over(launched_world(), tp, pp))
+    layout = ParallelLayout.over(launched_world(), tp, pp, ep=ep, etp=etp, sequence_parallel=sequence_parallel)
+    return init_parallel(layout)

@@ -82,6 +82,12 @@ def main() -> None:
         b.synchronize()
         assert a.elapsed_time(b) >= 0
         ok(stage)
+        stage = "moe"  # the MoE router's gating matmul (moe_utils.te_general_gemm)
+        from dataclasses import replace
+
+        moe = replace(QWEN2_TINY, family="qwen3_moe", num_experts=4, moe_ffn_hidden_size=64, moe_topk=2)
+        Policy(moe, st).logprobs(seqs, pls)
+        ok(stage)
         print("ALL OK", flush=True)
     except BaseException as e:  # noqa: BLE001 - report any failure as data for the test
         print(f"FAILED {stage} {type(e).__name__}: {str(e)[:300]}", flush=True)

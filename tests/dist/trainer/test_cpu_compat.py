@@ -25,6 +25,7 @@ NEEDED_AT = {
     "tensor_type": "build",
     "event": "event",
     "optimizer_step_state": "optimizer_checkpoint",
+    "moe_router_gemm": "moe",
 }
 
 

@@ -5,6 +5,7 @@ checkpoint (log-probs), and torch.optim.AdamW on that HF model (one optimizer st
 """
 
 import json
+import tempfile
 
 import pytest
 import torch
@@ -12,9 +13,19 @@ from safetensors.torch import load_file, save_file
 
 from megatron_rl.models.hf import megatron_full_to_hf
 from megatron_rl.models.tiny import write_hf_checkpoint
-from tests.dist.trainer.cases import LOGPROB_CASES, OPTIM, TEMPERATURE, TRAIN_CASES, advantages, batch
+from tests.dist.trainer.cases import (
+    LOGPROB_CASES,
+    MOE_LOGPROB_CASES,
+    MOE_TRAIN_CASES,
+    OPTIM,
+    TEMPERATURE,
+    TRAIN_CASES,
+    advantages,
+    batch,
+    moe_case_name,
+)
 from tests.helpers.launch import torchrun
-from tests.helpers.specs import QWEN2_TINY, SPECS
+from tests.helpers.specs import QWEN2_TINY, QWEN3_MOE_TINY, SPECS
 
 pytestmark = pytest.mark.slow
 WORKER = "tests/dist/trainer/worker_foundation.py"
@@ -43,7 +54,7 @@ def _malformed(src, root):
 def run(tmp_path_factory):
     ckpts = tmp_path_factory.mktemp("ckpts")
     out = tmp_path_factory.mktemp("out")
-    for i, spec in enumerate(SPECS.values()):
+    for i, spec in enumerate([*SPECS.values(), QWEN3_MOE_TINY]):
         write_hf_checkpoint(spec, ckpts / spec.name, seed=i)
     victim = _malformed(ckpts / QWEN2_TINY.name, ckpts)
     # Under the device guard: tensors made without a device, host tensors on device groups and big
@@ -86,6 +97,37 @@ def test_logprobs_match_hf_and_each_other(run, case):
         assert err_tp1 <= 1e-5, f"{case}: max |logp - TP1| = {err_tp1:.2e}"
 
 
+@pytest.mark.parametrize("case", MOE_LOGPROB_CASES, ids=lambda c: moe_case_name(*c))
+def test_moe_logprobs_match_hf_at_every_expert_layout(run, case):
+    """Qwen3-MoE at EP 1/2/4, ETP 1/2, with TP and PP: transformers' own model is the oracle (its
+    router and experts are HF's code, not ours), and every layout agrees with EP1."""
+    out, ckpts, _ = run
+    seqs, prompt_lens = batch()
+    got = torch.load(out / f"logprobs_moe_{moe_case_name(*case)}.pt")
+    ref = _hf_logprobs(_hf(ckpts / QWEN3_MOE_TINY.name), seqs, prompt_lens, TEMPERATURE)
+    err_hf = max((g - r).abs().max().item() for g, r in zip(got, ref))
+    base = torch.load(out / f"logprobs_moe_{moe_case_name(1, 1, 1, 1)}.pt")
+    err_ep1 = max((g - b).abs().max().item() for g, b in zip(got, base))
+    print(f"moe {case}: max |logp - HF| = {err_hf:.2e}, max |logp - EP1| = {err_ep1:.2e}")
+    assert err_hf <= 1e-4, f"{case}: max |logp - HF| = {err_hf:.2e}"
+    assert err_ep1 <= 1e-5, f"{case}: max |logp - EP1| = {err_ep1:.2e}"
+
+
+@pytest.mark.parametrize("case", MOE_LOGPROB_CASES, ids=lambda c: moe_case_name(*c))
+def test_moe_export_gathers_every_expert_byte_exact(run, case):
+    """The HF export's gather at each expert layout gives back the checkpoint it loaded, bit for bit:
+    every expert from its EP rank, every ETP shard in place."""
+    out, ckpts, _ = run
+    full = torch.load(out / f"export_moe_{moe_case_name(*case)}.pt")
+    got = {}
+    for name, t in full.items():
+        got.update(megatron_full_to_hf(QWEN3_MOE_TINY, name, t))
+    want = load_file(ckpts / QWEN3_MOE_TINY.name / "model.safetensors")
+    assert set(got) == set(want)
+    bad = [n for n in want if not torch.equal(got[n], want[n])]
+    assert not bad, f"{case}: exported tensors differ from the checkpoint: {bad[:4]}"
+
+
 def _adamw_reference(ckpt, seqs, prompt_lens):
     """One torch AdamW step on the HF model with the same loss, global-norm clipping, no weight decay."""
     model = _hf(ckpt)
@@ -107,26 +149,36 @@ def _adamw_reference(ckpt, seqs, prompt_lens):
         weight_decay=0.0,
     )
     opt.step()
-    return {n: p.detach() for n, p in model.named_parameters()}, float(gnorm)
+    # The tensors under their names on disk, by HF's own saving: in memory an MoE's experts are fused
+    # per layer (gate_up_proj [E, 2I, H]); on disk they are one tensor per expert and projection.
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d, safe_serialization=True)
+        return load_file(f"{d}/model.safetensors"), float(gnorm)
 
 
-@pytest.mark.parametrize("layout", TRAIN_CASES, ids=lambda c: f"tp{c[0]}pp{c[1]}")
-def test_one_optimizer_step_equals_adamw_reference(run, layout):
+TRAINED = [(QWEN2_TINY, f"tp{tp}pp{pp}") for tp, pp in TRAIN_CASES]
+TRAINED += [(QWEN3_MOE_TINY, "moe_" + moe_case_name(*c)) for c in MOE_TRAIN_CASES]
+
+
+@pytest.mark.parametrize("trained", TRAINED, ids=lambda c: c[1])
+def test_one_optimizer_step_equals_adamw_reference(run, trained):
+    """One distributed-optimizer step (dense at TP/PP/DP; Qwen3-MoE at EP2, and EP2 x TP2 with
+    sequence parallelism) equals torch AdamW on the HF model."""
     out, ckpts, _ = run
-    tp, pp = layout
+    spec, tag = trained
     seqs, prompt_lens = batch()
-    ref, ref_gnorm = _adamw_reference(ckpts / QWEN2_TINY.name, seqs, prompt_lens)
-    before = load_file(ckpts / QWEN2_TINY.name / "model.safetensors")
-    full = torch.load(out / f"params_tp{tp}pp{pp}.pt")
+    ref, ref_gnorm = _adamw_reference(ckpts / spec.name, seqs, prompt_lens)
+    before = load_file(ckpts / spec.name / "model.safetensors")
+    full = torch.load(out / f"params_{tag}.pt")
     got = {}
     for name, t in full.items():
-        got.update(megatron_full_to_hf(QWEN2_TINY, name, t))
+        got.update(megatron_full_to_hf(spec, name, t))
     assert set(got) == set(ref)
     err = max((got[n] - ref[n]).abs().max().item() for n in ref)
     moved = max((ref[n] - before[n]).abs().max().item() for n in ref)
-    metrics = json.loads((out / f"metrics_tp{tp}pp{pp}.json").read_text())
+    metrics = json.loads((out / f"metrics_{tag}.json").read_text())
     print(
-        f"tp{tp}pp{pp}: max |param - AdamW| = {err:.2e}, step moved params by up to {moved:.2e}, "
+        f"{tag}: max |param - AdamW| = {err:.2e}, step moved params by up to {moved:.2e}, "
         f"grad norm {metrics['grad_norm']:.6f} vs {ref_gnorm:.6f}"
     )
     assert moved > 1e-3, "the reference step must move the weights for the check to mean anything"
@@ -134,14 +186,13 @@ def test_one_optimizer_step_equals_adamw_reference(run, layout):
     assert metrics["grad_norm"] == pytest.approx(ref_gnorm, rel=1e-4)
 
 
-@pytest.mark.parametrize("layout", TRAIN_CASES, ids=lambda c: f"tp{c[0]}pp{c[1]}")
-def test_the_update_returns_its_own_forward_from_before_the_step(run, layout):
+@pytest.mark.parametrize("trained", TRAINED, ids=lambda c: c[1])
+def test_the_update_returns_its_own_forward_from_before_the_step(run, trained):
     """`train_step(return_logprobs=True)` gives the log-probs of the weights it started from (what
     algorithm.old_logprobs=auto uses as the old policy and checks against the engine), in the caller's
     order, on every stage: equal to a separate pass before the step, and not to one after it."""
     out, _, _ = run
-    tp, pp = layout
-    got = torch.load(out / f"forward_tp{tp}pp{pp}.pt")
+    got = torch.load(out / f"forward_{trained[1]}.pt")
     before, forward, after = got["before"], got["forward"], got["after"]
     assert [t.shape for t in forward] == [t.shape for t in before]
     same = max((f - b).abs().max().item() for f, b in zip(forward, before))

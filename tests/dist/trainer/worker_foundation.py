@@ -21,15 +21,18 @@ from megatron_rl.trainer.parallel import init_parallel, launched_world
 from megatron_rl.trainer.policy import OptimSettings, Policy
 from tests.dist.trainer.cases import (
     LOGPROB_CASES,
+    MOE_LOGPROB_CASES,
+    MOE_TRAIN_CASES,
     OPTIM,
     TEMPERATURE,
     TRAIN_CASES,
     advantages,
     batch,
+    moe_case_name,
     reinit,
     train_loss,
 )
-from tests.helpers.specs import SPECS
+from tests.helpers.specs import QWEN3_MOE_TINY, SPECS
 
 OUT, CKPTS = Path(sys.argv[1]), Path(sys.argv[2])
 
@@ -47,11 +50,23 @@ def main() -> None:
         if rank == 0:
             torch.save(lps, OUT / f"logprobs_{spec_name}_tp{tp}pp{pp}mbs{mbs}.pt")
 
-    for tp, pp in TRAIN_CASES:
-        spec = SPECS["qwen2_tiny"]
-        st = reinit(tp, pp)
+    for tp, pp, ep, etp in MOE_LOGPROB_CASES:  # Qwen3-MoE at every expert layout that fits 4 processes
+        spec = QWEN3_MOE_TINY
+        st = reinit(tp, pp, ep, etp, sequence_parallel=tp > 1)
+        pol = Policy(spec, st)
+        load_hf_into(pol.model, spec, CKPTS / spec.name, tp, st.tp_rank, pol.padded_vocab, etp, st.expert_coord.etp)
+        lps = pol.logprobs(seqs, prompt_lens, temperature=TEMPERATURE)
+        full = full_state(pol)  # the HF export's gather, experts from every EP x ETP rank
+        if rank == 0:
+            torch.save(lps, OUT / f"logprobs_moe_{moe_case_name(tp, pp, ep, etp)}.pt")
+            torch.save(full, OUT / f"export_moe_{moe_case_name(tp, pp, ep, etp)}.pt")
+
+    train_cases = [(SPECS["qwen2_tiny"], (tp, pp, 1, 1), f"tp{tp}pp{pp}") for tp, pp in TRAIN_CASES]
+    train_cases += [(QWEN3_MOE_TINY, c, "moe_" + moe_case_name(*c)) for c in MOE_TRAIN_CASES]
+    for spec, (tp, pp, ep, etp), tag in train_cases:
+        st = reinit(tp, pp, ep, etp, sequence_parallel=spec.is_moe and tp > 1)
         pol = Policy(spec, st, optim=OptimSettings(**OPTIM))
-        load_hf_into(pol.model, spec, CKPTS / spec.name, tp, st.tp_rank, pol.padded_vocab)
+        load_hf_into(pol.model, spec, CKPTS / spec.name, tp, st.tp_rank, pol.padded_vocab, etp, st.expert_coord.etp)
         # Each DP rank trains on its contiguous share; the loss is normalised by the global token count.
         n = len(seqs) // st.dp
         mine = slice(st.dp_rank * n, (st.dp_rank + 1) * n)
@@ -68,13 +83,11 @@ def main() -> None:
         after = pol.logprobs(seqs[mine], prompt_lens[mine])
         full = full_state(pol)  # the whole model on rank 0 (the HF export's own gather)
         if rank == 0:
-            torch.save(full, OUT / f"params_tp{tp}pp{pp}.pt")
+            torch.save(full, OUT / f"params_{tag}.pt")
             # The update's own forward (algorithm.old_logprobs=auto) against separate passes around it.
-            torch.save(
-                {"before": before, "forward": forward, "after": after}, OUT / f"forward_tp{tp}pp{pp}.pt"
-            )
+            torch.save({"before": before, "forward": forward, "after": after}, OUT / f"forward_{tag}.pt")
         if rank == dist.get_world_size() - 1:
-            (OUT / f"metrics_tp{tp}pp{pp}.json").write_text(json.dumps(metrics))
+            (OUT / f"metrics_{tag}.json").write_text(json.dumps(metrics))
 
     # Malformed checkpoints: refused, naming the tensor, with the model untouched.
     spec = SPECS["qwen2_tiny"]
