@@ -265,6 +265,14 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
             "rollout.sleep_level=1 (weights kept on the host) or use stop/retry",
         )
 
+    if cl.gpu == "cpu" and cfg.layout.sequence_parallel and cfg.layout.tp > 1:
+        bad(
+            "layout.sequence_parallel",
+            "is not available on the CPU build: megatron-core's local layer spec (torch norms, no "
+            "transformer-engine) refuses sequence parallelism; set it false, and for a mixture-of-experts "
+            "model (which needs it at TP > 1) use layout.tp=1 with layout.ep / layout.etp on CPU",
+        )
+
     out += file_problems(cfg)
     if not [p for p in out if p.kind in ("recipe", "driver")]:
         out += memory_problems(cfg, layout)

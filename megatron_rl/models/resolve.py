@@ -144,7 +144,9 @@ def fields_from_config(cfg: dict, where: str = "config.json") -> dict:
         out["moe_ffn_hidden_size"] = cfg.get("moe_intermediate_size")
         out["moe_topk"] = cfg.get("num_experts_per_tok")
         out["moe_norm_topk_prob"] = bool(cfg.get("norm_topk_prob", False))
-        missing = [k for k in MOE_REQUIRED if out[k] is None]
+        hf_keys = {"num_experts": "num_experts", "moe_ffn_hidden_size": "moe_intermediate_size",
+                   "moe_topk": "num_experts_per_tok"}  # fmt: skip
+        missing = [hf_keys[k] for k in MOE_REQUIRED if out[k] is None]
         if missing:
             raise CheckpointConfigError(f"{where} lacks the mixture-of-experts keys {', '.join(missing)}")
         if out["moe_topk"] > out["num_experts"]:

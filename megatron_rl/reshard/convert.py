@@ -136,7 +136,6 @@ def _vllm_layer_layouts(spec: ModelSpec, i: int, etp: int, t: int) -> list[Tenso
     q_l = spec.num_attention_heads // etp * hd
     kv_heads = max(1, spec.num_query_groups // etp)  # per rank; 1 replicated head when etp > groups
     kv_src = t // max(1, etp // spec.num_query_groups)  # vLLM: tp_rank // num_kv_head_replicas
-    f_l = spec.ffn_hidden_size // etp
 
     def qkv(kind: str) -> list[Segment]:
         q, k, v = (f"{h}self_attn.{x}_proj.{kind}" for x in "qkv")
@@ -154,20 +153,48 @@ def _vllm_layer_layouts(spec: ModelSpec, i: int, etp: int, t: int) -> list[Tenso
         out.append(_layout(spec, p + "self_attn.qkv_proj.bias", h + "self_attn.q_proj.bias", 0, qkv("bias")))
     if spec.qk_norm:
         out += [whole(p + f"self_attn.{x}_norm.weight", h + f"self_attn.{x}_norm.weight") for x in "qk"]
-    o, down = h + "self_attn.o_proj.weight", h + "mlp.down_proj.weight"
-    gate, up = h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"
+    o = h + "self_attn.o_proj.weight"
     out += [
         _layout(spec, p + "self_attn.o_proj.weight", o, 1, [Segment(o, t * q_l, q_l)]),
         whole(p + "post_attention_layernorm.weight", h + "post_attention_layernorm.weight"),
+    ]
+    return out + (_vllm_experts(spec, i, etp, t) if spec.is_moe else _vllm_mlp(spec, i, etp, t))
+
+
+def _vllm_mlp(spec: ModelSpec, i: int, etp: int, t: int) -> list[TensorLayout]:
+    h = f"model.layers.{i}."
+    f_l = spec.ffn_hidden_size // etp
+    down, gate, up = h + "mlp.down_proj.weight", h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"
+    return [
         _layout(
             spec,
-            p + "mlp.gate_up_proj.weight",
+            h + "mlp.gate_up_proj.weight",
             gate,
             0,
             [Segment(gate, t * f_l, f_l), Segment(up, t * f_l, f_l)],
         ),
-        _layout(spec, p + "mlp.down_proj.weight", down, 1, [Segment(down, t * f_l, f_l)]),
+        _layout(spec, h + "mlp.down_proj.weight", down, 1, [Segment(down, t * f_l, f_l)]),
     ]
+
+
+def _vllm_experts(spec: ModelSpec, i: int, etp: int, t: int) -> list[TensorLayout]:
+    """vLLM's fused MoE at engine TP (no engine EP): a replicated router `mlp.gate`, and per layer
+    `experts.w13_weight` [E, 2I/tp, H] (each expert's [gate_r; up_r]) and `experts.w2_weight`
+    [E, H, I/tp]. Each expert's slice is one tensor here, named `w13_weight[e]` (rollout/weights.py
+    `indexed`), so every layout stays runs of HF rows along one dim."""
+    h = f"model.layers.{i}.mlp."
+    f_l = spec.moe_ffn_hidden_size // etp
+    out = [
+        _layout(
+            spec, h + "gate.weight", h + "gate.weight", 0, [Segment(h + "gate.weight", 0, spec.num_experts)]
+        )
+    ]
+    for e in range(spec.num_experts):
+        gate, up, down = (f"{h}experts.{e}.{x}_proj.weight" for x in ("gate", "up", "down"))
+        out += [
+            _layout(spec, f"{h}experts.w13_weight[{e}]", gate, 0, [Segment(gate, t * f_l, f_l), Segment(up, t * f_l, f_l)]),
+            _layout(spec, f"{h}experts.w2_weight[{e}]", down, 1, [Segment(down, t * f_l, f_l)]),
+        ]  # fmt: skip
     return out
 
 

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from megatron_rl import layout_rules as rules
 from megatron_rl.layout import ParallelLayout, TrainerCoord
-from megatron_rl.models.hf import megatron_names
+from megatron_rl.models.hf import expert_of, megatron_names
 from megatron_rl.models.spec import ModelSpec
 from megatron_rl.reshard.convert import TensorLayout, engine_layouts, megatron_layout
 
@@ -266,6 +266,19 @@ def build_plan(
     sources: dict[int, dict[str, TensorLayout]] = {}
     runs: dict[str, dict[tuple[int, int], list[tuple[int, str, int]]]] = defaultdict(dict)
     cache: dict[tuple[str, int], TensorLayout] = {}
+
+    def hold(ranks: list[int], name: str, lay: TensorLayout) -> None:
+        for r in ranks:
+            sources.setdefault(r, {})[name] = lay
+        # A tied last stage keeps a synced copy of the embedding; the first stage's is canonical.
+        if name == "output_layer.weight" and spec.tie_word_embeddings:
+            return
+        off = 0
+        for seg in lay.segments:
+            if seg.hf is not None:
+                runs[seg.hf].setdefault((seg.start, seg.length), []).extend((r, name, off) for r in ranks)
+            off += seg.length
+
     for p in range(layout.pp):
         layers = layout.stage_range(spec.num_layers, p)
         names = megatron_names(spec, layers, p == 0, p == layout.pp - 1)
@@ -276,19 +289,22 @@ def build_plan(
                 for c in range(layout.cp)
             ]
             for name in names:
-                lay = cache.setdefault((name, s), megatron_layout(spec, name, layout.tp, s, padded_vocab))
-                for r in ranks:
-                    sources.setdefault(r, {})[name] = lay
-                # A tied last stage keeps a synced copy of the embedding; the first stage's is canonical.
-                if name == "output_layer.weight" and spec.tie_word_embeddings:
-                    continue
-                off = 0
-                for seg in lay.segments:
-                    if seg.hf is not None:
-                        runs[seg.hf].setdefault((seg.start, seg.length), []).extend(
-                            (r, name, off) for r in ranks
-                        )
-                    off += seg.length
+                if expert_of(name) is None:
+                    lay = cache.setdefault((name, s), megatron_layout(spec, name, layout.tp, s, padded_vocab))
+                    hold(ranks, name, lay)
+        # An MoE model's experts: EP rank e holds experts [e*E/EP, (e+1)*E/EP), split over the expert TP,
+        # on every expert-DP replica (the expert grid's own coordinates: layout.expert_coord).
+        if spec.is_moe:
+            per_ep = spec.num_experts // layout.ep
+            grid: dict[tuple[int, int], list[int]] = defaultdict(list)
+            for r in range(layout.trainer_world):
+                c = layout.expert_coord(r)
+                if c.pp == p:
+                    grid[(c.ep, c.etp)].append(r)
+            for (e, t), ranks in sorted(grid.items()):
+                for name in names:
+                    if expert_of(name) is not None and expert_of(name) // per_ep == e:
+                        hold(ranks, name, megatron_layout(spec, name, layout.etp, t, padded_vocab))
     replica = {r: _replica(layout, r) for r in range(layout.trainer_world)}
     holders = {}
     for hf, by_run in runs.items():

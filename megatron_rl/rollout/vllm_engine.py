@@ -43,7 +43,7 @@ from megatron_rl.models.dtypes import hf_dtype_name
 from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 from megatron_rl.rollout.process import make_shm_names_job_unique, prepare_env, preserved_rng
 from megatron_rl.rollout.types import LOGPROBS_MODES, Partial, Sample, SamplingSettings
-from megatron_rl.rollout.weights import group_fused
+from megatron_rl.rollout.weights import covered, group_fused, target_of
 
 log = logging.getLogger(__name__)
 
@@ -414,16 +414,13 @@ class VLLMEngine:
                     f"parameters, which would serve reallocated garbage: {missing[:8]}; the reshard plan must "
                     "cover every vLLM parameter (or sleep at rollout.sleep_level=1)"
                 )
-        for name, t in incoming:  # check everything before writing anything
-            if name not in params:
-                raise KeyError(f"the engine has no parameter {name!r} (in-place delivery uses vLLM names)")
-            if tuple(params[name].shape) != tuple(t.shape):
-                raise ValueError(
-                    f"{name}: got shape {list(t.shape)}, the engine holds {list(params[name].shape)}"
-                )
+        targets = [target_of(params, name) for name, _ in incoming]  # check everything before writing
+        for (name, t), dst in zip(incoming, targets):
+            if tuple(dst.shape) != tuple(t.shape):
+                raise ValueError(f"{name}: got shape {list(t.shape)}, the engine holds {list(dst.shape)}")
         with torch.no_grad():
-            for name, t in incoming:
-                params[name].copy_(t, non_blocking=True)
+            for (_, t), dst in zip(incoming, targets):
+                dst.copy_(t, non_blocking=True)
         torch.cuda.synchronize()
         self._reset_prefix_cache()
         self.version = version
@@ -484,7 +481,7 @@ def uncovered_params(params: Mapping[str, torch.Tensor], incoming: Iterable[str]
     """The engine parameters (`model.named_parameters()`) that a publication of `incoming` names leaves
     unwritten, sorted. In-place delivery copies only what arrives: after a level-2 sleep every one of
     these holds whatever the reallocated memory held."""
-    return sorted(set(params) - set(incoming))
+    return sorted(set(params) - covered(dict(params), incoming))
 
 
 class Stream(Iterator[Sample]):

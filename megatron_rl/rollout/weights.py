@@ -61,3 +61,39 @@ def group_fused(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[list[
                 "must be published together"
             )
     return list(groups.values())
+
+
+_INDEXED = re.compile(r"^(?P<base>.+)\[(?P<index>\d+)\]$")
+
+
+def indexed(name: str) -> tuple[str, int | None]:
+    """'...experts.w13_weight[5]' -> ('...experts.w13_weight', 5): one expert's slice of a fused-MoE
+    parameter (reshard/convert.py `_vllm_experts`); any other name -> (name, None)."""
+    m = _INDEXED.match(name)
+    return (m["base"], int(m["index"])) if m else (name, None)
+
+
+def target_of(params: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """The engine tensor a delivered name writes: a parameter, or one index of a fused-MoE parameter."""
+    base, index = indexed(name)
+    if base not in params:
+        raise KeyError(f"the engine has no parameter {base!r} (in-place delivery uses vLLM names)")
+    p = params[base]
+    if index is None:
+        return p
+    if not 0 <= index < p.shape[0]:
+        raise KeyError(f"{name}: index {index} is outside the engine's {p.shape[0]} experts")
+    return p[index]
+
+
+def covered(params: dict[str, torch.Tensor], incoming: Iterable[str]) -> set[str]:
+    """The parameters a publication of `incoming` names writes whole: named plainly, or every index."""
+    plain, parts = set(), {}
+    for name in incoming:
+        base, index = indexed(name)
+        if index is None:
+            plain.add(base)
+        else:
+            parts.setdefault(base, set()).add(index)
+    whole = {b for b, idx in parts.items() if b in params and idx == set(range(params[b].shape[0]))}
+    return (plain & set(params)) | whole

@@ -58,7 +58,18 @@ def vllm_shard(spec, hf: dict[str, torch.Tensor], name: str, etp: int, t: int) -
         )
     if leaf in ("o_proj.weight", "down_proj.weight"):
         return hf[name].chunk(etp, 1)[t]
-    return hf[name]  # norms: replicated
+    if "experts.w13_weight[" in name or "experts.w2_weight[" in name:
+        # FusedMoE at TP without EP (`FusedMoE.weight_loader`): w13[e] = [gate_e chunk t; up_e chunk t]
+        # along the FFN rows, w2[e] = down_e's columns chunk t.
+        layer = name.split(".mlp.")[0]
+        e = int(name.rsplit("[", 1)[1].rstrip("]"))
+        x = f"{layer}.mlp.experts.{e}."
+        if "w13_weight" in name:
+            return torch.cat(
+                [hf[x + "gate_proj.weight"].chunk(etp, 0)[t], hf[x + "up_proj.weight"].chunk(etp, 0)[t]]
+            )
+        return hf[x + "down_proj.weight"].chunk(etp, 1)[t]
+    return hf[name]  # norms and the MoE router: replicated
 
 
 def vllm_names(spec) -> list[str]:
@@ -72,9 +83,16 @@ def vllm_names(spec) -> list[str]:
             p + "post_attention_layernorm.weight",
             p + "self_attn.qkv_proj.weight",
             p + "self_attn.o_proj.weight",
-            p + "mlp.gate_up_proj.weight",
-            p + "mlp.down_proj.weight",
         ]
+        if spec.num_experts:
+            names.append(p + "mlp.gate.weight")
+            names += [
+                f"{p}mlp.experts.{w}[{e}]"
+                for e in range(spec.num_experts)
+                for w in ("w13_weight", "w2_weight")
+            ]
+        else:
+            names += [p + "mlp.gate_up_proj.weight", p + "mlp.down_proj.weight"]
         if spec.qkv_bias:
             names.append(p + "self_attn.qkv_proj.bias")
         if spec.qk_norm:

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from megatron_rl.layout import ParallelLayout
+from megatron_rl.models.hf import expert_of
 from megatron_rl.reshard.convert import bytes_equal, region
 from megatron_rl.reshard.plan import Links, build_plan
-from tests.helpers.specs import LLAMA_TINY_TIED, QWEN2_TINY, QWEN3_TINY
+from tests.helpers.specs import LLAMA_TINY_TIED, QWEN2_TINY, QWEN3_MOE_TINY, QWEN3_TINY
 from tests.unit.reshard.oracle import expected_engine_tensors, megatron_shard, random_hf
 
 GQA8 = replace(QWEN2_TINY, name="gqa8", num_attention_heads=8, head_dim=16, num_query_groups=4, num_layers=4)
@@ -23,10 +24,13 @@ GQA8 = replace(QWEN2_TINY, name="gqa8", num_attention_heads=8, head_dim=16, num_
 def simulate(plan, hf):
     spec, lay = plan.spec, plan.layout
     padded = spec.padded_vocab(lay.tp)
-    shards = {
-        r: {n: megatron_shard(spec, hf, n, lay.tp, lay.trainer_coord(r).tp, padded) for n in names}
-        for r, names in plan.sources.items()
-    }
+
+    def shard(r, n):  # an expert's weights are split over the expert TP (hf.tp_of)
+        if expert_of(n) is not None:
+            return megatron_shard(spec, hf, n, lay.etp, lay.expert_coord(r).etp, padded)
+        return megatron_shard(spec, hf, n, lay.tp, lay.trainer_coord(r).tp, padded)
+
+    shards = {r: {n: shard(r, n) for n in names} for r, names in plan.sources.items()}
     out = {}
     for r, targets in plan.targets.items():
         out[r] = {}
@@ -82,6 +86,21 @@ CASES = (
         if _fits(spec, lay)
     ]
 )
+
+
+# Qwen3-MoE: experts from EP x ETP shards (every expert-DP replica holds them) into vLLM's fused MoE.
+MOE_CASES = [
+    (QWEN3_MOE_TINY, ParallelLayout(tp=1, pp=pp, dp=dp, ep=ep, etp=etp, engine_tp=et, engine_count=n, placement=pl), d)
+    for (pp, dp, ep, etp, et, n, pl) in [
+        (1, 4, 2, 1, 2, 2, "colocated"),
+        (1, 4, 4, 1, 1, 4, "colocated"),
+        (1, 4, 2, 2, 2, 2, "colocated"),
+        (2, 2, 2, 1, 2, 2, "colocated"),
+        (1, 2, 2, 1, 2, 1, "separated"),
+    ]
+    for d in ("inplace", "loader")
+]  # fmt: skip
+CASES += MOE_CASES
 
 
 @pytest.mark.parametrize("spec,lay,delivery", CASES, ids=lambda x: getattr(x, "name", None) or str(x))
