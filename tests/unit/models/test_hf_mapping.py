@@ -12,7 +12,7 @@ from megatron_rl.models.hf import (
     tp_shard,
     tp_unshard,
 )
-from tests.helpers.specs import LLAMA_TINY_TIED, QWEN2_TINY, QWEN3_TINY
+from tests.helpers.specs import LLAMA_TINY_TIED, QWEN2_TINY, QWEN3_MOE_TINY, QWEN3_TINY
 
 
 def _random_hf(spec, seed=0):
@@ -42,9 +42,12 @@ def test_fc1_shard_is_gate_r_then_up_r():
     assert torch.equal(shard1, torch.cat([gate[128:], up[128:]]))
 
 
-@pytest.mark.parametrize("spec", [QWEN2_TINY, LLAMA_TINY_TIED, QWEN3_TINY], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "spec", [QWEN2_TINY, LLAMA_TINY_TIED, QWEN3_TINY, QWEN3_MOE_TINY], ids=lambda s: s.name
+)
 @pytest.mark.parametrize("tp", [1, 2])
 def test_shards_from_hf_equal_shards_of_full_and_roundtrip(spec, tp):
+    """(For an MoE model `tp` here also stands for the expert TP an expert's weights split over.)"""
     hf = _random_hf(spec)
     padded = spec.padded_vocab(tp)
 
