@@ -34,7 +34,7 @@ def records(tmp_path_factory):
 def test_every_case_ran_on_every_rank(records):
     assert [r["missing"] for r in records["coverage"]] == [[]] * 4
     keys = {c.key for c in all_cases()}
-    assert len(keys) == 78 and keys <= set(records)
+    assert len(keys) == 78 + 18 and keys <= set(records)  # 18: the MoE model's
     assert all(len(records[k]) == 4 for k in keys)
 
 
@@ -71,17 +71,21 @@ FAULTS = {
     "flipped_byte_in_transit": "checksum mismatch",
     "wrong_shape": "model.layers.1.mlp.down_proj.weight: shape",
 }
+TAGS = ["sep", "pp", "moe"]  # moe: Qwen3-MoE from EP2 x ETP2 shards; its wrong shape is one expert's slice
 
 
-@pytest.mark.parametrize("tag", ["sep", "pp"])
+@pytest.mark.parametrize("tag", TAGS)
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_fault_rejects_version_and_previous_serves(records, tag, fault):
     recs = records[f"fault_{tag}_{fault}"]
+    expected = FAULTS[fault]
+    if tag == "moe" and fault == "wrong_shape":
+        expected = "model.layers.1.mlp.experts.w2_weight[3]: shape"
     assert len(recs) == 4
     for r in recs:
         assert r["activated"] is False
         # Every rank learns what went wrong, and where.
-        assert any(p.startswith(f"rank {r['victim']}: ") and FAULTS[fault] in p for p in r["problems"]), r[
+        assert any(p.startswith(f"rank {r['victim']}: ") and expected in p for p in r["problems"]), r[
             "problems"
         ]
         if r["active_version"] is not None:
@@ -93,7 +97,7 @@ def test_fault_rejects_version_and_previous_serves(records, tag, fault):
             )
 
 
-@pytest.mark.parametrize("tag", ["sep", "pp"])
+@pytest.mark.parametrize("tag", TAGS)
 def test_recovery_after_faults(records, tag):
     for r in records[f"fault_{tag}_recovered"]:
         assert r["activated"] and r["versions"] == [1, 5]

@@ -35,6 +35,7 @@ from tests.dist.reshard.cases import (
     all_cases,
     batch,
     cases_for,
+    placements,
     trainer_layouts,
 )
 from tests.unit.reshard.oracle import expected_engine_tensors
@@ -43,21 +44,43 @@ OUT, CKPTS = Path(sys.argv[1]), Path(sys.argv[2])
 LINKS = Links(gpus_per_node=GPUS_PER_NODE)
 
 
-def reinit(tp: int, pp: int, order: str):
+def reinit(tp: int, pp: int, order: str, ep: int = 1, etp: int = 1):
     from megatron.core import parallel_state as ps
 
     ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, order=order)
-    return init_parallel(ParallelLayout.over(launched_world(), tp, pp, order=order))  # groups exist: only reads them back
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=etp,
+        order=order,
+    )
+    layout = ParallelLayout.over(launched_world(), tp, pp, order=order, ep=ep, etp=etp)
+    return init_parallel(layout)  # groups exist: only reads them back
 
 
 def hf_logprobs(spec, state, seqs, prompt_lens):
-    from megatron_rl.models.tiny import hf_model
+    from megatron_rl.models.tiny import hf_config, hf_model
 
-    model = hf_model(spec)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    allowed = {"lm_head.weight"} if spec.tie_word_embeddings else set()
-    assert not unexpected and set(missing) <= allowed, (missing, unexpected)
+    if spec.is_moe:  # HF fuses each layer's experts in memory: let it load the per-expert tensors itself
+        import tempfile
+
+        from safetensors.torch import save_file
+        from transformers import AutoModelForCausalLM
+
+        with tempfile.TemporaryDirectory() as d:
+            save_file(
+                {k: v.contiguous() for k, v in state.items()},
+                f"{d}/model.safetensors",
+                metadata={"format": "pt"},
+            )
+            hf_config(spec).save_pretrained(d)
+            model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    else:
+        model = hf_model(spec)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        allowed = {"lm_head.weight"} if spec.tie_word_embeddings else set()
+        assert not unexpected and set(missing) <= allowed, (missing, unexpected)
     out = []
     for s, p in zip(seqs, prompt_lens):
         with torch.no_grad():
@@ -94,6 +117,8 @@ def run_case(case: Case, spec, hf, params, ref_lp, seqs, prompt_lens) -> dict:
         tp=case.tp,
         pp=case.pp,
         dp=case.dp,
+        ep=case.ep,
+        etp=case.etp,
         engine_tp=case.engine_tp,
         engine_count=case.engine_count,
         placement="colocated" if case.colocated else "separated",
@@ -158,6 +183,10 @@ def run_case(case: Case, spec, hf, params, ref_lp, seqs, prompt_lens) -> dict:
     return rec
 
 
+# The tensor each fault case cuts a column from: a dense MLP's, or one expert's slice of vLLM's fused MoE.
+WRONG_SHAPE = {False: "model.layers.1.mlp.down_proj.weight", True: "model.layers.1.mlp.experts.w2_weight[3]"}
+
+
 def faults(spec, params, layout: ParallelLayout, tag: str) -> list[dict]:
     """Each fault rejects the staged version everywhere; the active one serves on, unchanged."""
     rank = dist.get_rank()
@@ -185,7 +214,7 @@ def faults(spec, params, layout: ParallelLayout, tag: str) -> list[dict]:
             buf.view(torch.uint8)[buf.numel() // 2] ^= 0x40
             flip_first_payload.done = True
 
-    wrong_shape = "model.layers.1.mlp.down_proj.weight"
+    wrong_shape = WRONG_SHAPE[spec.is_moe]
     plans = {
         "dropped_tensor": (victim_a, lambda ts: ts.pop("model.layers.0.self_attn.qkv_proj.weight"), None),
         "flipped_byte_in_transit": (victim_b, None, flip_first_payload),
@@ -240,14 +269,23 @@ def main() -> None:
         for spec_name, spec in SPECS.items():
             hf = load_file(str(CKPTS / spec_name / "model.safetensors"))
             ref_lp = {}
-            for tp, pp in trainer_layouts(spec_name):
-                for colocated in (True, False):
-                    cases = cases_for(spec_name, tp, pp, colocated)
+            for tp, pp, ep, etp in trainer_layouts(spec_name):
+                for colocated in placements(spec_name):
+                    cases = cases_for(spec_name, tp, pp, colocated, ep, etp)
                     if not cases:
                         continue
-                    st = reinit(tp, pp, "tp-cp-ep-dp-pp" if colocated else "tp-cp-ep-pp-dp")
+                    st = reinit(tp, pp, "tp-cp-ep-dp-pp" if colocated else "tp-cp-ep-pp-dp", ep, etp)
                     pol = Policy(spec, st)
-                    load_hf_into(pol.model, spec, CKPTS / spec_name, tp, st.tp_rank, pol.padded_vocab)
+                    load_hf_into(
+                        pol.model,
+                        spec,
+                        CKPTS / spec_name,
+                        tp,
+                        st.tp_rank,
+                        pol.padded_vocab,
+                        etp,
+                        st.expert_coord.etp,
+                    )
                     if colocated:  # the trainer's own log-probs at this layout (same weights when separated)
                         ref_lp[(tp, pp)] = pol.logprobs(seqs, prompt_lens)
                     params = {n: p for n, p in pol.named_parameters_global()}
@@ -264,6 +302,9 @@ def main() -> None:
                             placement="colocated" if colocated else "separated",
                         )
                         records += faults(spec, params, lay, "sep" if not colocated else "pp")
+                    if spec.is_moe and (tp, pp, ep, etp) == (1, 1, 2, 2):  # experts split over EP and ETP
+                        lay = ParallelLayout(tp=1, dp=4, ep=2, etp=2, engine_tp=2, engine_count=2)
+                        records += faults(spec, params, lay, "moe")
         records.append({"case": "coverage", "rank": rank, "missing": sorted(expected)})
     except Exception:
         records.append({"case": "error", "rank": rank, "traceback": traceback.format_exc()})
