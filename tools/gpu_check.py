@@ -276,6 +276,47 @@ def check_mfu(state, spec, peak_tflops: float, seq_len: int, micro_batch: int, i
     }
 
 
+def check_moe(state, tmp: Path) -> dict:
+    """Qwen3-MoE on this device at EP1: log-probs against transformers, then one update that moves the
+    router and the routed experts. On GPU this is the `alltoall` dispatcher (and transformer-engine's
+    layer spec when it imports); on CPU the `allgather` one (models/megatron.py token_dispatcher)."""
+    from dataclasses import replace as _replace
+
+    from transformers import AutoModelForCausalLM
+
+    from megatron_rl.models.megatron import token_dispatcher
+    from megatron_rl.models.tiny import write_hf_checkpoint
+    from megatron_rl.trainer.hf_import import load_hf_into
+
+    spec = _replace(TINY, name="tiny_moe", family="qwen3_moe", qkv_bias=False, qk_norm=True,
+                    num_experts=4, moe_ffn_hidden_size=128, moe_topk=2)  # fmt: skip
+    ckpt = write_hf_checkpoint(spec, tmp / "tiny_moe", seed=1)
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, spec.vocab_size, (n,), generator=g).tolist() for n in (21, 40)]
+    plens = [4, 9]
+    hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    ref = []
+    for s, p in zip(seqs, plens):
+        with torch.no_grad():
+            lp = torch.log_softmax(hf(torch.tensor([s])).logits[0].float(), -1)
+        ref.append(lp[torch.arange(p - 1, len(s) - 1), torch.tensor(s[p:])])
+    pol = _policy(spec, state, "fp32", optim=True)
+    load_hf_into(pol.model, spec, ckpt, 1, 0, pol.padded_vocab)
+    got = pol.logprobs(seqs, plens)
+    diff = max((a.cpu() - b).abs().max().item() for a, b in zip(got, ref))
+    router = pol.model.decoder.layers[0].mlp.router.weight
+    before = router.detach().clone()
+    pol.train_step(seqs, plens, lambda lp, mb: (-(lp * mb.loss_mask_BT).sum() / mb.loss_mask_BT.sum(), {}))
+    moved = (router.detach() - before).abs().max().item()
+    dispatcher = token_dispatcher(on_cpu=state.device.type == "cpu")
+    return {
+        "ok": diff <= 1e-4 and moved > 0,
+        "max_abs_diff_vs_hf": diff,
+        "router_moved": moved,
+        "dispatcher": dispatcher,
+    }
+
+
 def _run(report: dict, name: str, fn, *args):
     t0 = time.perf_counter()
     try:
@@ -308,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         _run(report, "hf", check_hf, state, Path(tmp), on_gpu)
         trained = _run(report, "train", check_train, state, timer)
         _run(report, "preempt", check_preempt, state)
+        _run(report, "moe", check_moe, state, Path(tmp))
         if "policy" in trained:
             _run(report, "publish", check_publish, trained["policy"], TINY)
             _run(report, "ckpt", check_ckpt, trained["policy"], trained["reference"], Path(tmp))

@@ -25,4 +25,5 @@ def test_gpu_check_passes_on_cuda(tmp_path):
     assert proc.returncode == 0 and report.get("ok"), f"failed checks: {failed}\n{proc.stderr[-3000:]}"
     assert report["hf"]["cpu_patches_applied"] == []
     assert report["hf"]["max_abs_diff_vs_hf"]["fp32"] <= 1e-4
+    assert report["moe"]["dispatcher"] == "alltoall" and report["moe"]["max_abs_diff_vs_hf"] <= 1e-4
     assert report["timer_cuda"] and report["mfu"]["dtype"] == "bf16" and 0 < report["mfu"]["mfu"] < 1

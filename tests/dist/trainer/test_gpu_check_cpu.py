@@ -15,13 +15,15 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     env = {"MASTER_PORT": str(free_port()), "MEGATRON_RL_DEVICE_GUARD": "1"}
     run_worker("tools/gpu_check.py", ["--device", "cpu", "--out", str(out)], timeout=600, env=env)
     report = json.loads(out.read_text())
-    checks = ("hf", "train", "preempt", "publish", "ckpt", "mfu", "telemetry")
+    checks = ("hf", "train", "preempt", "moe", "publish", "ckpt", "mfu", "telemetry")
     assert {c: report[c]["ok"] for c in checks} == dict.fromkeys(checks, True), report
     assert report["ok"] is True
     assert report["hf"]["max_abs_diff_vs_hf"]["fp32"] <= 1e-4
     assert "current_device" in report["hf"]["cpu_patches_applied"]  # CPU: the patches are what runs
     assert report["train"]["metrics"]["update_successful"] == 1.0 and report["train"]["max_param_change"] > 0
     assert report["preempt"]["after_signal"] is True
+    assert report["moe"]["max_abs_diff_vs_hf"] <= 1e-4 and report["moe"]["router_moved"] > 0
+    assert report["moe"]["dispatcher"] == "allgather"
     assert report["publish"]["loader"]["max_abs_diff"] == 0.0 and report["publish"]["inplace"]["activated"]
     assert report["ckpt"]["max_abs_diff_after_load"] == 0.0
     assert report["mfu"]["tflops"] > 0
