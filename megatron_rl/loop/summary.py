@@ -32,8 +32,9 @@ def generation_tail_seconds(finish_s: list[float], call_s: float) -> float:
 def trainer_flops(spec, samples: list[Sample], forwards: int) -> float:
     """Model FLOPs of the trainer's step: `forwards` forward passes (3 per trained pass: forward and
     backward; 1 per log-prob pass) over every sequence, matmuls 2·P per token and causal attention
-    2·L·q·S·(S+1) per sequence (the planner's convention, plan/flops.py)."""
-    matmul = spec.num_layers * spec.layer_params() + spec.vocab_size * spec.hidden_size
+    2·L·q·S·(S+1) per sequence (the planner's convention, plan/flops.py). An MoE model's matmuls are
+    its active parameters: each token runs through its top-k experts only."""
+    matmul = spec.num_layers * spec.layer_params(active=True) + spec.vocab_size * spec.hidden_size
     total = 0.0
     for s in samples:
         seq = len(s.prompt_ids) + len(s.token_ids)

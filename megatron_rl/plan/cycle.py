@@ -14,7 +14,9 @@ cannot know: DP imbalance (a minibatch's sequences split unevenly over DP ranks:
 and the 1F1B pipeline bubble ((PP-1)/microbatches); pipeline sends between stages are added
 unoverlapped (a pessimistic bound, small next to the compute). The optimizer phase is the DP gradient
 reduce-scatter and parameter all-gather (all-reduce without the distributed optimizer) per
-minibatch, over NVLink when the DP group fits in a node, else the GPU's share of the node's IB.
+minibatch, over NVLink when the DP group fits in a node, else the GPU's share of the node's IB (a
+mixture of experts reduces its experts' gradients over expert-DP instead). With expert parallelism
+the token all-to-all of every MoE layer (plan/alltoall.py) adds to training and log-prob forwards.
 Colocated GPUs also pay a switch each step: the trainer offloads grads and optimizer state to the
 host while the engine runs, and a level-1 sleeping engine offloads its weights while the trainer runs.
 """
@@ -25,10 +27,11 @@ import math
 from dataclasses import dataclass
 
 from megatron_rl.layout import RECOMPUTE_MODES, ParallelLayout
+from megatron_rl.plan.alltoall import step_alltoall
 from megatron_rl.plan.flops import logprob_forward_flops, recompute_extra_flops, train_flops
 from megatron_rl.plan.generation import Generation, generation
 from megatron_rl.plan.inputs import PlanInputs
-from megatron_rl.plan.memory import GRAD_BYTES, memory_fit, stage_params
+from megatron_rl.plan.memory import GRAD_BYTES, memory_fit, stage_params, stage_params_per_gpu
 from megatron_rl.plan.publication import publication
 from megatron_rl.plan.scoring import scoring
 
@@ -142,15 +145,24 @@ def trainer_phases(inp: PlanInputs, layout: ParallelLayout) -> dict:
         "ref_logprobs": (lp["ref"] / rate * fwd_stretch + fwd_comm) if lp["ref"] else 0.0,
         "train_fwd_bwd": train / rate * _stretch(inp, layout, per_minibatch) + w.minibatches * train_comm,
     }
-    params_gpu = max(stage_params(inp, layout)) / layout.tp
-    group = layout.dp * layout.cp
+    if s.is_moe:  # expert parallelism's token all-to-all (plan/alltoall.py), outside the assumed MFU
+        for phase, a2a in step_alltoall(inp, layout)["phases"].items():
+            if out[phase]:
+                out[phase] += a2a["seconds"]
     ranks_per_group_span = layout.tp * layout.cp * layout.dp
     link = hw.nvlink_bytes_per_s if ranks_per_group_span <= hw.gpus_per_node else hw.gpu_ib_bytes_per_s
     if inp.assume.distributed_optimizer:  # reduce-scatter fp32 grads + all-gather updated params
         per_byte = GRAD_BYTES + s.dtype_bytes
     else:  # all-reduce of fp32 grads
         per_byte = 2 * GRAD_BYTES
-    comm = params_gpu * per_byte * (group - 1) / group / link
+    if s.is_moe:  # dense grads reduce over DP x CP, the experts' over expert-DP (the same span of ranks)
+        dense_gpu, expert_gpu = max(stage_params_per_gpu(inp, layout), key=sum)
+        group, egroup = layout.dp * layout.cp, max(1, layout.expert_dp)
+        comm = (dense_gpu * (group - 1) / group + expert_gpu * (egroup - 1) / egroup) * per_byte / link
+    else:
+        params_gpu = max(stage_params(inp, layout)) / layout.tp
+        group = layout.dp * layout.cp
+        comm = params_gpu * per_byte * (group - 1) / group / link
     out["optimizer"] = w.minibatches * comm
     return out
 

@@ -2,7 +2,8 @@
 
 Counting convention (the one every formula here and its tests share): a matmul of an m x n weight
 costs 2mn FLOPs per token forward and twice that backward, so a forward is 2·P per token and a
-training step 6·P, with P = `PlanInputs.matmul_params`. Causal attention adds, per layer and per
+training step 6·P, with P = `PlanInputs.matmul_params` (for a mixture of experts the *active*
+parameters: router and top-k experts, not all experts; memory counts all of them). Causal attention adds, per layer and per
 query at position t (attending to t keys), 2·t·q_size FLOPs for Q·K^T and as many for the
 attention-weighted sum of V: forward over a sequence of S tokens
 
@@ -53,7 +54,7 @@ def recompute_extra_flops(inp: PlanInputs, recompute: str) -> float:
     w = inp.work
     if recompute == "full":
         return w.samples * (
-            2.0 * inp.spec.num_layers * inp.spec.layer_params() * w.sequence_tokens
+            2.0 * inp.spec.num_layers * inp.spec.layer_params(active=True) * w.sequence_tokens
             + attention_fwd_flops(inp, w.sequence_tokens)
         )
     if recompute == "selective":

@@ -10,7 +10,8 @@ completion (the cap: with thousands of samples and a heavy tail, one reaches it)
 token however few sequences are left, so a replica runs max(bulk steps, cap) steps and the tail
 steps read the whole weights for a nearly empty batch. That sequential floor, not the bandwidth
 work, sets the wall time of generation for long-tailed tasks; it is independent of how many
-engines there are. With engine TP > 1 every decode step also waits on two all-reduces per layer,
+engines there are. A mixture of experts reads, per step, its dense weights and only the experts
+its batch routes to (`PlanInputs.decode_weight_bytes`); its KV cache is attention's, as dense. With engine TP > 1 every decode step also waits on two all-reduces per layer,
 whose latency (not bandwidth: the messages are a few KB) adds to each step. "GPU-seconds" of generation here is the work at full batches (prefill + bulk);
 "held" GPU-seconds are wall x engine GPUs, and their difference is the GPUs idling in the tail.
 """
@@ -113,13 +114,18 @@ def generation(inp: PlanInputs, layout: ParallelLayout) -> Generation:
     # Per GPU of a replica: its weight shard and its share of KV heads (replicated past the KV head count).
     bw = hw.hbm_bytes_per_s * inp.assume.generation_bw_fraction
     w_gpu = inp.weights_bytes / etp
+    # A mixture of experts reads only the experts its batch routes to: the bulk at its batch, the
+    # longest completion alone its own top-k; the tail (a shrinking handful of sequences, each
+    # routing to other experts) is charged the whole weights, as for a dense model.
+    bulk_w_gpu = inp.decode_weight_bytes(batch) / etp
+    floor_w_gpu = inp.decode_weight_bytes(1) / etp
     kv_gpu = mem["kv_bytes_per_token_per_gpu"]
     compute = etp * hw.peak_flops * inp.assume.train_mfu  # per replica
     p, c, cap = w.prompt_tokens, w.completion_tokens, w.max_new_tokens
     step_latency = 2 * s.num_layers * DECODE_ALLREDUCE_LATENCY_S if etp > 1 else 0.0
 
     bulk_steps = math.ceil(seqs * c / batch)
-    bulk_bytes_gpu = bulk_steps * w_gpu + seqs * kv_gpu * decode_context_sum(p, c)
+    bulk_bytes_gpu = bulk_steps * bulk_w_gpu + seqs * kv_gpu * decode_context_sum(p, c)
     bulk_flops = seqs * decode_flops_per_sample(inp, c)
     bulk_bw_s = bulk_bytes_gpu / bw
     bulk_compute_s = bulk_flops / compute
@@ -127,7 +133,7 @@ def generation(inp: PlanInputs, layout: ParallelLayout) -> Generation:
     tail_steps = max(0, cap - bulk_steps)
     tail_kv = decode_context_sum(p, cap) - decode_context_sum(p, min(bulk_steps, cap))
     tail_s = (tail_steps * w_gpu + kv_gpu * tail_kv) / bw + tail_steps * step_latency
-    floor_s = (cap * w_gpu + kv_gpu * decode_context_sum(p, cap)) / bw + cap * step_latency
+    floor_s = (cap * floor_w_gpu + kv_gpu * decode_context_sum(p, cap)) / bw + cap * step_latency
     decode_s = max(bulk_s + tail_s, floor_s)
 
     shared = prefill_flops(inp, shared=True)
@@ -146,9 +152,9 @@ def generation(inp: PlanInputs, layout: ParallelLayout) -> Generation:
         kv_tokens_per_sequence=per_seq,
         concurrent_sequences=batch,
         concurrent_at_cap=at_cap,
-        weights_bytes_per_step=float(inp.weights_bytes),
+        weights_bytes_per_step=inp.decode_weight_bytes(batch),
         kv_bytes_per_step=batch * inp.kv_bytes_per_token * mean_ctx,
-        bytes_per_decode_step=inp.weights_bytes + batch * inp.kv_bytes_per_token * mean_ctx,
+        bytes_per_decode_step=inp.decode_weight_bytes(batch) + batch * inp.kv_bytes_per_token * mean_ctx,
         bulk_decode_steps=bulk_steps,
         decode_steps=max(bulk_steps, cap),
         compute_bound=bulk_compute_s > bulk_bw_s,

@@ -128,14 +128,42 @@ class PlanInputs:
         return self.spec.num_params()
 
     @property
+    def active_params(self) -> int:
+        """Parameters one token's forward uses: all of a dense model; for a mixture of experts, the
+        router and the token's top-k experts (the FLOPs follow these, the memory `params`)."""
+        return self.spec.num_params(active=True)
+
+    @property
     def matmul_params(self) -> int:
         """Weights that take part in a matmul per token: every layer and the output projection.
 
         The input embedding is a table lookup and costs no FLOPs; with tied embeddings the same
-        matrix is still the output projection, so it is counted once either way.
+        matrix is still the output projection, so it is counted once either way. A mixture of
+        experts counts the router and the top-k experts a token is routed to, not every expert.
         """
         s = self.spec
-        return s.num_layers * s.layer_params() + s.vocab_size * s.hidden_size
+        return s.num_layers * s.layer_params(active=True) + s.vocab_size * s.hidden_size
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of all the experts of all layers (0 for a dense model): what EP x ETP shards."""
+        s = self.spec
+        return s.num_layers * s.num_experts * s.expert_params() if s.is_moe else 0
+
+    def decode_weight_bytes(self, batch: float) -> float:
+        """Weight bytes one decode step of an engine replica reads with `batch` sequences in flight.
+
+        Dense: all the weights. A mixture of experts reads its dense part (attention, router,
+        embeddings) and only the experts its tokens are routed to: with top-k of E experts chosen
+        uniformly, E·(1 - (1 - k/E)^batch) distinct experts per layer (all of them at large batch, k of
+        them for one sequence)."""
+        s = self.spec
+        if not s.is_moe:
+            return float(self.weights_bytes)
+        e, k = s.num_experts, s.moe_topk
+        touched = e * (1.0 - (1.0 - k / e) ** max(1.0, batch))
+        dense = self.params - self.expert_params
+        return (dense + s.num_layers * touched * s.expert_params()) * s.dtype_bytes
 
     @property
     def weights_bytes(self) -> int:
@@ -143,6 +171,7 @@ class PlanInputs:
 
     @property
     def kv_bytes_per_token(self) -> int:
+        """Attention's K and V only: a mixture of experts has the same KV cache as its dense shape."""
         return self.spec.kv_bytes_per_token()
 
 

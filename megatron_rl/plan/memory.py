@@ -1,6 +1,8 @@
 """Memory per GPU: trainer (params, grads, optimizer, activations) and engine (weights, KV cache).
 
-Trainer, per GPU, on its heaviest pipeline stage (bytes per parameter of that stage's TP shard):
+Trainer, per GPU, on its heaviest pipeline stage (bytes per parameter of that stage's TP shard; a
+mixture of experts holds its dense part / TP and its experts / (EP x ETP), and the distributed
+optimizer shards the experts' state over expert-DP = TP x CP x DP / (EP x ETP) instead of DP x CP):
   params      2 (bf16) or 4 (fp32)
   grads       4: megatron keeps fp32 main grads in its DDP buffer
   optimizer   12 (fp32 master copy, Adam m and v) or 8 for fp32 params, divided by DP x CP
@@ -20,7 +22,8 @@ Trainer, per GPU, on its heaviest pipeline stage (bytes per parameter of that st
               the logits themselves in the parameter dtype
   runtime     CUDA context, NCCL buffers, allocator slack (TRAINER_RUNTIME_GIB)
 
-Engine, per GPU: weights / engine TP + runtime (ENGINE_RUNTIME_GIB: the profiling peak at vLLM's
+Engine, per GPU: weights / engine TP (all of them, every expert too: vLLM splits each expert's FFN
+over the engine's TP ranks) + runtime (ENGINE_RUNTIME_GIB: the profiling peak at vLLM's
 max_num_batched_tokens and CUDA graphs) + KV cache, which fills the rest of
 gpu_memory_utilization x GPU memory (or is `rollout.kv_cache_bytes` on the CPU build).
 
@@ -83,13 +86,34 @@ def stage_params(inp: PlanInputs, layout: ParallelLayout) -> list[int]:
     return out
 
 
+def stage_expert_params(inp: PlanInputs, layout: ParallelLayout) -> list[int]:
+    """The experts' share of every stage's parameters (0 for a dense model): sharded over EP x ETP,
+    not TP, and their optimizer state over expert-DP, not DP (megatron-core's expert grid)."""
+    s = inp.spec
+    per_layer = s.num_experts * s.expert_params() if s.is_moe else 0
+    return [layers * per_layer for layers in stage_layers(inp, layout)]
+
+
+def stage_params_per_gpu(inp: PlanInputs, layout: ParallelLayout) -> list[tuple[float, float]]:
+    """(dense, expert) parameters one trainer GPU holds on every stage: dense / TP, experts / (EP x ETP)."""
+    experts = stage_expert_params(inp, layout)
+    shard = layout.ep * layout.etp
+    return [((n - e) / layout.tp, e / shard) for n, e in zip(stage_params(inp, layout), experts)]
+
+
 def activation_bytes_per_layer_token(inp: PlanInputs, layout: ParallelLayout, recompute: str) -> float:
     """Bytes one token leaves behind in one layer for backward (see the module docstring)."""
     s, t, cp = inp.spec, layout.tp, layout.cp
     h, q, kv, f = s.hidden_size, s.q_size, s.kv_size, s.ffn_hidden_size
-    sharded = 2 * q + 2 * kv + 3 * f
     hidden = 4 * h / t if layout.sequence_parallel else 4 * h
-    selective = (hidden + sharded / t) / cp
+    if s.is_moe:
+        # Each of a TP rank's tokens (1/TP of them: MoE needs sequence parallelism at TP > 1) is copied
+        # to its top-k experts: the dispatched input h and the SwiGLU 3 x moe_ffn / ETP, per copy.
+        mlp = s.moe_topk * (h + 3 * s.moe_ffn_hidden_size / layout.etp) / t
+        selective = (hidden + (2 * q + 2 * kv) / t + mlp) / cp
+    else:
+        sharded = 2 * q + 2 * kv + 3 * f
+        selective = (hidden + sharded / t) / cp
     b = s.dtype_bytes
     if recompute == "selective":
         return selective * b
@@ -114,6 +138,7 @@ def trainer_memory(inp: PlanInputs, layout: ParallelLayout, recompute: str | Non
     b = s.dtype_bytes
     opt_per_param = optimizer_bytes_per_param(s.params_dtype)
     shard = layout.dp * layout.cp if inp.assume.distributed_optimizer else 1
+    expert_shard = layout.expert_dp if inp.assume.distributed_optimizer else 1
     tokens = w.micro_batch_size * w.max_sequence_tokens
     per_mb_layer = activation_bytes_per_layer_token(inp, layout, recompute) * tokens
     # Full recompute: one layer's whole set exists at a time, while it is recomputed for backward.
@@ -126,13 +151,17 @@ def trainer_memory(inp: PlanInputs, layout: ParallelLayout, recompute: str | Non
     logits = tokens / layout.cp * s.padded_vocab(tp) / tp * (FP32_LOGPROB_BYTES + b)
     runtime = _runtime(inp, TRAINER_RUNTIME_GIB)
     best: dict | None = None
-    for i, (layers, n) in enumerate(zip(stage_layers(inp, layout), stage_params(inp, layout))):
-        n_gpu = n / tp
+    per_gpu = stage_params_per_gpu(inp, layout)
+    for i, (layers, (dense_gpu, expert_gpu)) in enumerate(zip(stage_layers(inp, layout), per_gpu)):
+        n_gpu = dense_gpu + expert_gpu
         in_flight = min(pp - i, microbatches)
+        optimizer = dense_gpu * opt_per_param / shard
+        if expert_gpu:
+            optimizer += expert_gpu * opt_per_param / max(1, expert_shard)
         parts = {
             "params": n_gpu * b,
             "grads": n_gpu * GRAD_BYTES,
-            "optimizer": n_gpu * opt_per_param / shard,
+            "optimizer": optimizer,
             "activations": layers * per_mb_layer * in_flight + working,
             "logits": logits if i == pp - 1 else 0.0,
             "reference": n_gpu * b if resident_reference else 0.0,

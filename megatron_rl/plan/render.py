@@ -38,6 +38,13 @@ def _rows(rows: list[tuple], indent: str = "   ", left: int = 1) -> list[str]:
 def _header(r: PlanReport) -> list[str]:
     m, c, a = r.model, r.cluster, r.assumptions
     b = r.kv_bytes_per_token
+    moe = []
+    if m.active_params is not None:
+        moe = [
+            f"         mixture of experts: {m.experts} experts per layer, top-{m.experts_per_token} per "
+            f"token: {_count(m.params)} params in memory, {_count(m.active_params)} active per token "
+            "(the FLOPs)"
+        ]
     return [
         f"megatron-rl plan  {r.recipe}" + ("  (calibrated with measured steps)" if r.calibrated else ""),
         "Units: bytes that move in decimal GB (1e9 B) and GB/s; memory held in GiB (2^30 B); "
@@ -45,6 +52,7 @@ def _header(r: PlanReport) -> list[str]:
         "",
         f"Model    {m.name}: {_count(m.params)} params ({_count(m.matmul_params)} in matmuls), "
         f"{m.dtype}: weights {_f(r.weights_bytes / GB, 2)} GB",
+        *moe,
         f"         KV cache {b:,} B/token = 2 x {m.layers} layers x {m.kv_heads} KV heads x "
         f"{m.head_dim} x {b // (2 * m.layers * m.kv_heads * m.head_dim)} B",
         f"Cluster  {c.nodes} nodes x {c.gpus_per_node} = {c.gpus} GPUs; {c.gpu_memory_gib:.0f} GiB, "
@@ -146,6 +154,7 @@ def _cycle(r: PlanReport) -> list[str]:
     L = ["", "5. Cycle (seconds per step)"]
     L += _rows([(labels.get(n, n), _f(v)) for n, v in r.phases_s.items()])
     L.append(f"   serial cycle              {_f(sec.serial_cycle)} s")
+    L += _alltoall(r)
     busy = gs.step_work / gs.step_held if gs.step_held else 0.0
     L.append(
         f"   GPU-seconds per step      {_f(gs.step_held, 0)} held, {_f(gs.step_work, 0)} of them work "
@@ -173,6 +182,20 @@ def _cycle(r: PlanReport) -> list[str]:
         indent="     ",
     )
     return L
+
+
+def _alltoall(r: PlanReport) -> list[str]:
+    """A mixture of experts' token all-to-all (per trainer GPU per step), inside the phases above."""
+    a = r.alltoall
+    if a is None:
+        return []
+    if a.ep == 1:
+        return ["   MoE all-to-all            none at EP1 (every rank holds every expert)"]
+    return [
+        f"   MoE all-to-all (EP{a.ep})    {a.count:,} per GPU per step: NVLink {_f(a.nvlink_bytes / GB, 2)} GB "
+        f"per GPU, IB {_f(a.ib_bytes_per_node / GB, 2)} GB per node ({_f(a.ib_bytes / GB, 2)} GB per GPU) "
+        f"-> {_f(a.seconds, 2)} s (in train_fwd_bwd and the log-prob forwards)"
+    ]
 
 
 def _publication(r: PlanReport) -> list[str]:

@@ -15,6 +15,7 @@ from megatron_rl.layout import RECOMPUTE_MODES, ParallelLayout
 from megatron_rl.plan import generation as gen_mod
 from megatron_rl.plan import memory as mem_mod
 from megatron_rl.plan import reliability as rel_mod
+from megatron_rl.plan.alltoall import step_alltoall
 from megatron_rl.plan.cycle import Cycle, compare_splits, cycle
 from megatron_rl.plan.flops import (
     logprob_forward_flops,
@@ -26,6 +27,8 @@ from megatron_rl.plan.flops import (
 from megatron_rl.plan.inputs import GIB, HOST_LINK_BYTES_PER_S, PlanInputs
 from megatron_rl.plan.memory import trainer_memory
 from megatron_rl.plan.report_types import (
+    AllToAll,
+    AllToAllPhase,
     Assumptions,
     CalibrationSummary,
     Checkpoint,
@@ -167,7 +170,19 @@ def _model(inp: PlanInputs) -> ModelSummary:
         hidden=s.hidden_size,
         kv_heads=s.num_query_groups,
         head_dim=s.head_dim,
+        active_params=inp.active_params if s.is_moe else None,
+        experts=s.num_experts if s.is_moe else None,
+        experts_per_token=s.moe_topk if s.is_moe else None,
     )
+
+
+def _alltoall(inp: PlanInputs, layout: ParallelLayout) -> AllToAll | None:
+    """A mixture of experts' all-to-all per step (also at EP 1, where it is zero); None when dense."""
+    if not inp.spec.is_moe:
+        return None
+    a = step_alltoall(inp, layout)
+    phases = {k: from_dict(AllToAllPhase, v) for k, v in a.pop("phases").items()}
+    return from_dict(AllToAll, a, phases=phases)
 
 
 def _cluster(inp: PlanInputs) -> ClusterSummary:
@@ -361,6 +376,7 @@ def build_report(
         calibrated=calibration is not None,
         calibration=_calibration(calibration) if calibration is not None else None,
         search=_search(inp, top) if with_search else None,
+        alltoall=_alltoall(inp, layout),
     )
 
 

@@ -107,6 +107,11 @@ class ModelSummary:
     hidden: int
     kv_heads: int
     head_dim: int
+    # A mixture of experts only (absent from a dense model's JSON): the params one token uses, and
+    # the experts per layer and per token.
+    active_params: int | None = omitted_when_none()
+    experts: int | None = omitted_when_none()
+    experts_per_token: int | None = omitted_when_none()
 
 
 @dataclass(frozen=True)
@@ -414,6 +419,32 @@ class SearchSummary:
 
 
 @dataclass(frozen=True)
+class AllToAllPhase:
+    """One phase's expert-parallel all-to-all per trainer rank (plan/alltoall.py)."""
+
+    count: int
+    nvlink_bytes: float
+    ib_bytes: float
+    ib_bytes_per_node: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class AllToAll:
+    """A mixture of experts' token all-to-all per step and trainer rank, by network cut; the seconds
+    are inside the phases (train_fwd_bwd, old/ref log-probs)."""
+
+    ep: int
+    etp: int
+    phases: Mapping[str, AllToAllPhase]
+    count: int
+    nvlink_bytes: float
+    ib_bytes: float
+    ib_bytes_per_node: float
+    seconds: float
+
+
+@dataclass(frozen=True)
 class PlanReport:
     """Everything the planner knows about a recipe on its layout (built by report.build_report)."""
 
@@ -443,6 +474,7 @@ class PlanReport:
     calibrated: bool
     calibration: CalibrationSummary | None = omitted_when_none()
     search: SearchSummary | None = omitted_when_none()
+    alltoall: AllToAll | None = omitted_when_none()  # a mixture of experts only
 
     def to_json(self) -> dict:
         """The `--json` dict: every section in field order (non-finite numbers left to the caller)."""

@@ -1,7 +1,8 @@
 """Search the layouts of a GPU count: trainer TP/PP/DP, engine TP and count, colocated or separated.
 
 Every candidate uses all the GPUs. Trainer TP and engine TP stay inside a node (their collectives
-run once per layer); PP divides the layers; DP and the engine count follow from the rest. Each
+run once per layer); PP divides the layers; DP and the engine count follow from the rest; a mixture
+of experts also tries every EP size that divides its experts and a stage's TP x DP ranks. Each
 candidate takes the cheapest activation recompute that fits in memory, and is ranked by its
 predicted step time (serial when colocated or synchronous, the overlapped steady state when
 separated and one-step asynchronous). A rejected candidate keeps the first reason it failed: a
@@ -19,6 +20,7 @@ from megatron_rl.plan.inputs import PlanInputs
 TP_OPTIONS = (1, 2, 4, 8)
 PP_OPTIONS = (1, 2, 4, 8, 16)
 ENGINE_TP_OPTIONS = (1, 2, 4, 8)
+EP_OPTIONS = (1, 2, 4, 8, 16, 32)  # a mixture of experts only; a dense model searches EP 1
 # Every candidate starts from sequence parallelism and selective recompute; `lightest_fitting` then
 # picks the cheapest recompute that fits.
 CANDIDATE = dict(recompute="selective", sequence_parallel=True)
@@ -41,39 +43,55 @@ def structural_reason(inp: PlanInputs, layout: ParallelLayout) -> str | None:
     return None
 
 
+def ep_options(inp: PlanInputs, tp: int, dp: int) -> list[int]:
+    """Expert-parallel sizes to try: 1 for a dense model; for a mixture of experts every size of
+    EP_OPTIONS that divides the experts and the TP x DP ranks of a stage (ETP stays 1)."""
+    s = inp.spec
+    if not s.is_moe:
+        return [1]
+    return [ep for ep in EP_OPTIONS if s.num_experts % ep == 0 and (tp * dp) % ep == 0]
+
+
 def candidates(inp: PlanInputs, total_gpus: int) -> list[ParallelLayout]:
-    """Every colocated layout and every separated split (sync) of `total_gpus` GPUs."""
+    """Every colocated layout and every separated split (sync) of `total_gpus` GPUs (and, for a
+    mixture of experts, every expert-parallel size of each)."""
     out = []
     for tp in TP_OPTIONS:
         for pp in PP_OPTIONS:
             unit = tp * pp
             for etp in ENGINE_TP_OPTIONS:
                 if total_gpus % unit == 0 and total_gpus % etp == 0:
-                    out.append(
+                    dp = total_gpus // unit
+                    out += [
                         ParallelLayout(
                             tp=tp,
                             pp=pp,
-                            dp=total_gpus // unit,
+                            dp=dp,
+                            ep=ep,
                             engine_tp=etp,
                             engine_count=total_gpus // etp,
                             **CANDIDATE,
                         )
-                    )
+                        for ep in ep_options(inp, tp, dp)
+                    ]
                 for engine_gpus in split_options(total_gpus, inp.hw.gpus_per_node):
                     trainer_gpus = total_gpus - engine_gpus
                     if trainer_gpus % unit or engine_gpus % etp:
                         continue
-                    out.append(
+                    dp = trainer_gpus // unit
+                    out += [
                         ParallelLayout(
                             tp=tp,
                             pp=pp,
-                            dp=trainer_gpus // unit,
+                            dp=dp,
+                            ep=ep,
                             engine_tp=etp,
                             engine_count=engine_gpus // etp,
                             placement="separated",
                             **CANDIDATE,
                         )
-                    )
+                        for ep in ep_options(inp, tp, dp)
+                    ]
     return out
 
 

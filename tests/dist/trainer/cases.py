@@ -60,9 +60,10 @@ def reinit(tp: int, pp: int, ep: int = 1, etp: int = 1, sequence_parallel: bool 
     from megatron.core import parallel_state as ps
 
     from megatron_rl.layout import ParallelLayout
-
     from megatron_rl.trainer.parallel import init_parallel, launched_world
 
     ps.destroy_model_parallel()
-    layout = ParallelLayout.over(launched_world(), tp, pp, ep=ep, etp=etp, sequence_parallel=sequence_parallel)
+    layout = ParallelLayout.over(
+        launched_world(), tp, pp, ep=ep, etp=etp, sequence_parallel=sequence_parallel
+    )
     return init_parallel(layout)

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from megatron_rl.config.load import load_recipe
 from megatron_rl.check import ConfigError, validate_recipe
+from megatron_rl.config.load import load_recipe
 from tests.helpers.launch import free_port, run_worker
 
 pytestmark = pytest.mark.slow

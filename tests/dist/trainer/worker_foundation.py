@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.checkpoint.export import full_state
-from megatron_rl.trainer.hf_import import CheckpointError, load_hf_into
 from megatron_rl.layout import ParallelLayout
+from megatron_rl.trainer.hf_import import CheckpointError, load_hf_into
 from megatron_rl.trainer.parallel import init_parallel, launched_world
 from megatron_rl.trainer.policy import OptimSettings, Policy
 from tests.dist.trainer.cases import (
@@ -54,7 +54,9 @@ def main() -> None:
         spec = QWEN3_MOE_TINY
         st = reinit(tp, pp, ep, etp, sequence_parallel=tp > 1)
         pol = Policy(spec, st)
-        load_hf_into(pol.model, spec, CKPTS / spec.name, tp, st.tp_rank, pol.padded_vocab, etp, st.expert_coord.etp)
+        load_hf_into(
+            pol.model, spec, CKPTS / spec.name, tp, st.tp_rank, pol.padded_vocab, etp, st.expert_coord.etp
+        )
         lps = pol.logprobs(seqs, prompt_lens, temperature=TEMPERATURE)
         full = full_state(pol)  # the HF export's gather, experts from every EP x ETP rank
         if rank == 0:
@@ -66,7 +68,9 @@ def main() -> None:
     for spec, (tp, pp, ep, etp), tag in train_cases:
         st = reinit(tp, pp, ep, etp, sequence_parallel=spec.is_moe and tp > 1)
         pol = Policy(spec, st, optim=OptimSettings(**OPTIM))
-        load_hf_into(pol.model, spec, CKPTS / spec.name, tp, st.tp_rank, pol.padded_vocab, etp, st.expert_coord.etp)
+        load_hf_into(
+            pol.model, spec, CKPTS / spec.name, tp, st.tp_rank, pol.padded_vocab, etp, st.expert_coord.etp
+        )
         # Each DP rank trains on its contiguous share; the loss is normalised by the global token count.
         n = len(seqs) // st.dp
         mine = slice(st.dp_rank * n, (st.dp_rank + 1) * n)
