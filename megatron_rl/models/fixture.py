@@ -32,7 +32,7 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from megatron_rl.data.problems import BUNDLED
@@ -41,7 +41,7 @@ from megatron_rl.models.tiny import hf_model
 
 MARKER = "fixture.json"
 FORMAT = 1  # bump when the files a fixture holds change, so stale fixtures are rebuilt, not reused
-FAMILIES = ("qwen2", "qwen3", "llama")
+FAMILIES = ("qwen2", "qwen3", "llama", "qwen3_moe")
 
 # Pre-tokenizer split patterns of the released tokenizers (Llama-3 groups digits by three).
 _QWEN_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -126,6 +126,8 @@ STYLES = {
          "original_max_position_embeddings": 64},
     ),
 }  # fmt: skip
+# Qwen3-MoE ships Qwen3's tokenizer and chat template, with untied embeddings (as Qwen3-30B-A3B).
+STYLES["qwen3_moe"] = replace(STYLES["qwen3"], tie_word_embeddings=False)
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,10 @@ class FixtureSize:
     head_dim: int = 32
     max_position_embeddings: int = 512
     bpe_vocab: int = 600  # regular tokens (256 bytes + merges) before the special tokens
+    # qwen3_moe: every layer routed, top-2 of 4 experts, renormalised (as Qwen3-30B-A3B's config).
+    num_experts: int = 4
+    moe_ffn_hidden_size: int = 128
+    moe_topk: int = 2
 
 
 SIZE = FixtureSize()
@@ -224,7 +230,7 @@ def _spec(family: str, style: FamilyStyle, vocab: int) -> ModelSpec:
         rope_theta=style.rope_theta,
         norm_eps=style.rms_norm_eps,
         qkv_bias=family == "qwen2",
-        qk_norm=family == "qwen3",
+        qk_norm=family in ("qwen3", "qwen3_moe"),
         tie_word_embeddings=style.tie_word_embeddings,
         params_dtype="fp32",
         rope_scaling=rope.get("rope_type", "none"),
@@ -232,6 +238,16 @@ def _spec(family: str, style: FamilyStyle, vocab: int) -> ModelSpec:
         rope_low_freq_factor=rope.get("low_freq_factor", 1.0),
         rope_high_freq_factor=rope.get("high_freq_factor", 4.0),
         rope_original_max_position=rope.get("original_max_position_embeddings", 0),
+        **(moe_fields() if family == "qwen3_moe" else {}),
+    )
+
+
+def moe_fields() -> dict:
+    return dict(
+        num_experts=SIZE.num_experts,
+        moe_ffn_hidden_size=SIZE.moe_ffn_hidden_size,
+        moe_topk=SIZE.moe_topk,
+        moe_norm_topk_prob=True,
     )
 
 

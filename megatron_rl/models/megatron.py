@@ -111,6 +111,9 @@ def moe_config(spec: ModelSpec, par: ParallelLayout, on_cpu: bool) -> dict:
         num_moe_experts=spec.num_experts,
         moe_ffn_hidden_size=spec.moe_ffn_hidden_size,
         moe_router_topk=spec.moe_topk,
+        # The router's matmul and softmax in fp32, as transformers and vLLM compute them: in bf16, tokens
+        # near a tie would go to other experts than the engine chose.
+        moe_router_dtype="fp32",
         moe_router_pre_softmax=not spec.moe_norm_topk_prob,
         moe_router_load_balancing_type=losses[0] if losses else "none",
         moe_aux_loss_coeff=spec.moe_aux_loss_coeff,

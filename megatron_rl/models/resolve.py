@@ -317,6 +317,7 @@ def model_problems(model) -> list[Problem]:
             for key in MOE_REQUIRED
             if not getattr(model, key)
         ]
+        out += moe_problems(model)
     elif model.family is not None and model.family != "qwen3_moe":
         out += [
             Problem(f"model.{key}", getattr(model, key), f"is set but model.family={model.family} is dense; "
@@ -334,6 +335,25 @@ def model_problems(model) -> list[Problem]:
             )
         )
     return out
+
+
+def moe_problems(model) -> list[Problem]:
+    """Routing settings megatron-core cannot build."""
+    experts, topk = model.num_experts or 0, model.moe_topk or 0
+    if experts and topk > experts:
+        return [Problem("model.moe_topk", topk, f"exceeds model.num_experts={experts}")]
+    if topk == 1 and model.moe_norm_topk_prob:
+        # Renormalised over one expert, its weight is always 1.0: megatron-core's router refuses this
+        # (TransformerConfig: "use --moe-router-pre-softmax when topk is 1").
+        return [
+            Problem(
+                "model.moe_norm_topk_prob",
+                True,
+                "with model.moe_topk=1 the renormalised weight is always 1.0, which megatron-core's router "
+                "does not build; set it false (the expert's softmax weight)",
+            )
+        ]
+    return []
 
 
 def tokenizer_size(hf_dir: str | os.PathLike) -> int | None:

@@ -108,8 +108,9 @@ def activation_bytes_per_layer_token(inp: PlanInputs, layout: ParallelLayout, re
     hidden = 4 * h / t if layout.sequence_parallel else 4 * h
     if s.is_moe:
         # Each of a TP rank's tokens (1/TP of them: MoE needs sequence parallelism at TP > 1) is copied
-        # to its top-k experts: the dispatched input h and the SwiGLU 3 x moe_ffn / ETP, per copy.
-        mlp = s.moe_topk * (h + 3 * s.moe_ffn_hidden_size / layout.etp) / t
+        # to its top-k experts, and the dispatcher then all-gathers the copies over the expert TP group:
+        # ETP copies of the input h, each with its rank's SwiGLU share 3 x moe_ffn / ETP.
+        mlp = s.moe_topk * (layout.etp * h + 3 * s.moe_ffn_hidden_size) / t
         selective = (hidden + (2 * q + 2 * kv) / t + mlp) / cp
     else:
         sharded = 2 * q + 2 * kv + 3 * f

@@ -35,6 +35,8 @@ from megatron_rl.models.spec import ModelSpec
 DELIVERIES = ("inplace", "loader")
 # vLLM's DEFAULT_VOCAB_PADDING_SIZE: vocab rows padded to this, then split over TP (the layout rules' copy).
 VLLM_VOCAB_PAD = ENGINE_VOCAB_PAD
+# Where vLLM's fused-MoE weights sit in a layer's `mlp` (read off the engine's named_parameters()).
+VLLM_EXPERTS = "experts.routed_experts."
 
 
 @dataclass(frozen=True)
@@ -179,9 +181,10 @@ def _vllm_mlp(spec: ModelSpec, i: int, etp: int, t: int) -> list[TensorLayout]:
 
 def _vllm_experts(spec: ModelSpec, i: int, etp: int, t: int) -> list[TensorLayout]:
     """vLLM's fused MoE at engine TP (no engine EP): a replicated router `mlp.gate`, and per layer
-    `experts.w13_weight` [E, 2I/tp, H] (each expert's [gate_r; up_r]) and `experts.w2_weight`
-    [E, H, I/tp]. Each expert's slice is one tensor here, named `w13_weight[e]` (rollout/weights.py
-    `indexed`), so every layout stays runs of HF rows along one dim."""
+    `experts.routed_experts.w13_weight` [E, 2I/tp, H] (each expert's [gate_r; up_r]) and
+    `...w2_weight` [E, H, I/tp] (the names vLLM 0.32's Qwen3-MoE holds: its FusedMoE is a runner whose
+    weights sit in a `routed_experts` module). Each expert's slice is one tensor here, named
+    `w13_weight[e]` (rollout/weights.py `indexed`), so every layout stays runs of HF rows along one dim."""
     h = f"model.layers.{i}.mlp."
     f_l = spec.moe_ffn_hidden_size // etp
     out = [
@@ -192,8 +195,8 @@ def _vllm_experts(spec: ModelSpec, i: int, etp: int, t: int) -> list[TensorLayou
     for e in range(spec.num_experts):
         gate, up, down = (f"{h}experts.{e}.{x}_proj.weight" for x in ("gate", "up", "down"))
         out += [
-            _layout(spec, f"{h}experts.w13_weight[{e}]", gate, 0, [Segment(gate, t * f_l, f_l), Segment(up, t * f_l, f_l)]),
-            _layout(spec, f"{h}experts.w2_weight[{e}]", down, 1, [Segment(down, t * f_l, f_l)]),
+            _layout(spec, f"{h}{VLLM_EXPERTS}w13_weight[{e}]", gate, 0, [Segment(gate, t * f_l, f_l), Segment(up, t * f_l, f_l)]),
+            _layout(spec, f"{h}{VLLM_EXPERTS}w2_weight[{e}]", down, 1, [Segment(down, t * f_l, f_l)]),
         ]  # fmt: skip
     return out
 

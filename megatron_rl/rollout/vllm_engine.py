@@ -73,6 +73,12 @@ def engine_dtype(model_dir: Path, dtype: str | None) -> str:
     return hf_dtype_name(dtype, "engine dtype")
 
 
+def _num_experts(model_dir: Path) -> int:
+    """Experts per layer of the engine's model (0: dense), from its config.json (transformers 4 and 5 keys)."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    return int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+
+
 def _max_model_len(model_dir: Path, requested: int | None) -> int:
     if requested is not None:
         return requested
@@ -120,6 +126,7 @@ class VLLMEngine:
         self.sleep_level = sleep_level_for(cfg.sleep_level, delivery_for(self.on_gpu))
         self.seed = seed
         self.max_model_len = _max_model_len(model_dir, max_model_len)
+        self.num_experts = _num_experts(model_dir)
         prepare_env()
 
         kwargs: dict = dict(
@@ -146,6 +153,11 @@ class VLLMEngine:
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = True
+            if self.num_experts:
+                # In-place delivery writes each expert's [gate_r; up_r] and down columns as the Triton
+                # fused-MoE kernel holds them; other backends re-lay the weights at load (FlashInfer swaps
+                # w13 to [up; gate], TRT-LLM pads the FFN), which those writes would scramble.
+                kwargs["moe_backend"] = "triton"
         else:
             if kwargs.get("distributed_executor_backend"):
                 make_shm_names_job_unique()
@@ -376,7 +388,7 @@ class VLLMEngine:
             )
         if version <= self.version:
             raise ValueError(f"version {version} is not newer than the active version {self.version}")
-        groups = group_fused(named_tensors)
+        groups = group_fused(named_tensors, self.num_experts)
         if not groups:
             raise ValueError(f"publication of version {version} holds no tensors")
         for group in groups:

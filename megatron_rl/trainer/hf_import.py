@@ -15,7 +15,14 @@ from pathlib import Path
 import torch
 
 from megatron_rl.models.dtypes import torch_dtype
-from megatron_rl.models.hf import all_hf_names, expert_of, hf_shape, hf_to_megatron_shard, megatron_names
+from megatron_rl.models.hf import (
+    all_hf_names,
+    expert_of,
+    hf_shape,
+    hf_to_megatron_shard,
+    megatron_names,
+    tp_of,
+)
 from megatron_rl.models.megatron import global_param_name
 from megatron_rl.models.resolve import CheckpointConfigError, differences, fields_from_config
 from megatron_rl.models.spec import ModelSpec
@@ -167,8 +174,8 @@ def load_hf_into(
     staged: dict[str, torch.Tensor] = {}
     nbytes = 0
     for name, p in params.items():
-        t, r = (etp, etp_rank) if expert_of(name) is not None else (tp, tp_rank)
-        shard = hf_to_megatron_shard(spec, name, ckpt.read, t, r, padded_vocab)
+        rank = etp_rank if expert_of(name) is not None else tp_rank
+        shard = hf_to_megatron_shard(spec, name, ckpt.read, tp_of(name, tp, etp), rank, padded_vocab)
         if tuple(shard.shape) != tuple(p.shape):
             raise CheckpointError(f"{name}: built shard {list(shard.shape)} != parameter {list(p.shape)}")
         nbytes += shard.numel() * shard.element_size()

@@ -188,7 +188,7 @@ class Policy:
         """Microbatches on the policy's device (the one device rule: see trainer/batch.py). Without
         pipeline parallelism (no p2p buffer shape to keep) they are grouped by length, each padded to
         its own longest. An MoE model whose experts span ranks pads to one length over those ranks
-        (`_expert_length`)."""
+        (`_expert_length`; on CPU only, where the dispatcher all-gathers equal blocks)."""
         if seq_len is None and self.spec.is_moe and self.state.layout.ep * self.state.layout.etp > 1:
             seq_len = self._expert_length(sequences, -(-len(sequences) // self.micro_batch_size))
         by_length = self.state.pp == 1 and seq_len is None
@@ -202,7 +202,7 @@ class Policy:
             by_length=by_length,
         )
 
-    def _expert_length(self, sequences: list[list[int]], microbatches: int) -> int:
+    def _expert_length(self, sequences: list[list[int]], microbatches: int) -> int | None:
         """The one padded length of every microbatch on the ranks that share experts (EP x ETP).
 
         Each MoE layer's forward is a collective over those ranks: the CPU's all-gather dispatcher
@@ -210,7 +210,9 @@ class Policy:
         run the same number of microbatches. DP ranks hold different samples, so they agree here."""
         from megatron.core import parallel_state as ps
 
-        mine = [padded_length([len(s) for s in sequences]), microbatches, -microbatches]
+        # The GPU's all-to-all dispatcher takes any token count: only the microbatch count must agree.
+        longest = padded_length([len(s) for s in sequences]) if self.state.device.type == "cpu" else 0
+        mine = [longest, microbatches, -microbatches]
         agreed = torch.tensor(mine, device=self.state.device)  # the expert groups are device groups
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=ps.get_expert_tensor_and_model_parallel_group())
         length, most, fewest = (int(v) for v in agreed.cpu())
@@ -219,7 +221,7 @@ class Policy:
                 f"ranks sharing experts hold {-fewest}..{most} microbatches; every rank of an expert-parallel "
                 "group must run the same number (give each DP rank an equal share of the samples)"
             )
-        return length
+        return length or None
 
     def logprobs(
         self,

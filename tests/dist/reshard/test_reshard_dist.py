@@ -80,7 +80,7 @@ def test_fault_rejects_version_and_previous_serves(records, tag, fault):
     recs = records[f"fault_{tag}_{fault}"]
     expected = FAULTS[fault]
     if tag == "moe" and fault == "wrong_shape":
-        expected = "model.layers.1.mlp.experts.w2_weight[3]: shape"
+        expected = "model.layers.1.mlp.experts.routed_experts.w2_weight[3]: shape"
     assert len(recs) == 4
     for r in recs:
         assert r["activated"] is False

@@ -184,7 +184,7 @@ def run_case(case: Case, spec, hf, params, ref_lp, seqs, prompt_lens) -> dict:
 
 
 # The tensor each fault case cuts a column from: a dense MLP's, or one expert's slice of vLLM's fused MoE.
-WRONG_SHAPE = {False: "model.layers.1.mlp.down_proj.weight", True: "model.layers.1.mlp.experts.w2_weight[3]"}
+WRONG_SHAPE = {False: "model.layers.1.mlp.down_proj.weight", True: "model.layers.1.mlp.experts.routed_experts.w2_weight[3]"}
 
 
 def faults(spec, params, layout: ParallelLayout, tag: str) -> list[dict]:

@@ -84,6 +84,8 @@ def test_a_moe_recipe_without_a_checkpoint_validates_and_states_its_experts():
         (["model.num_experts=4"], "model.num_experts"),  # experts on a dense family
         ([*MOE, "model.moe_topk=0"], "model.moe_topk"),
         ([*MOE, "model.moe_aux_loss_coeff=-1"], "model.moe_aux_loss_coeff"),
+        ([*MOE, "model.moe_topk=5"], "model.moe_topk"),  # more than the 4 experts
+        ([*MOE, *TP1, "model.moe_topk=1", "model.moe_norm_topk_prob=true"], "model.moe_norm_topk_prob"),
         ([*MOE, *TP1, "layout.ep=3"], "layout.ep"),  # 3 does not divide 4 experts
         ([*TP1, "layout.ep=2"], "layout.ep"),  # a dense model
         ([*TP1, "layout.etp=2"], "layout.etp"),

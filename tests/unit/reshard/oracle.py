@@ -58,7 +58,7 @@ def vllm_shard(spec, hf: dict[str, torch.Tensor], name: str, etp: int, t: int) -
         )
     if leaf in ("o_proj.weight", "down_proj.weight"):
         return hf[name].chunk(etp, 1)[t]
-    if "experts.w13_weight[" in name or "experts.w2_weight[" in name:
+    if "routed_experts.w13_weight[" in name or "routed_experts.w2_weight[" in name:
         # FusedMoE at TP without EP (`FusedMoE.weight_loader`): w13[e] = [gate_e chunk t; up_e chunk t]
         # along the FFN rows, w2[e] = down_e's columns chunk t.
         layer = name.split(".mlp.")[0]
@@ -87,7 +87,7 @@ def vllm_names(spec) -> list[str]:
         if spec.num_experts:
             names.append(p + "mlp.gate.weight")
             names += [
-                f"{p}mlp.experts.{w}[{e}]"
+                f"{p}mlp.experts.routed_experts.{w}[{e}]"
                 for e in range(spec.num_experts)
                 for w in ("w13_weight", "w2_weight")
             ]

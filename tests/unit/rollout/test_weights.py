@@ -1,5 +1,7 @@
 """Publications are split into vLLM's fused groups, and a split group is refused."""
 
+import re
+
 import pytest
 import torch
 
@@ -62,3 +64,35 @@ def test_split_groups_and_duplicates_are_refused():
         group_fused(_named(["model.layers.0.mlp.gate_proj.weight"]))
     with pytest.raises(ValueError, match="appears twice"):
         group_fused(_named(["lm_head.weight", "lm_head.weight"]))
+
+
+def _experts(layer, experts, skip=()):
+    return [f"model.layers.{layer}.mlp.experts.{e}.{x}_proj.weight" for e in range(experts)
+            for x in ("gate", "up", "down") if (e, x) not in skip]  # fmt: skip
+
+
+def test_every_expert_of_a_layer_reloads_in_one_call():
+    names = ["model.layers.0.mlp.gate.weight", *_experts(0, 4), *_experts(1, 4)]
+    groups = group_fused(_named(names), num_experts=4)
+    keys = [sorted({n.split(".mlp.")[0] for n, _ in g}) + [len(g)] for g in groups]
+    assert keys == [["model.layers.0", 1], ["model.layers.0", 12], ["model.layers.1", 12]]
+
+
+@pytest.mark.parametrize(
+    "names,missing",
+    [
+        (
+            _experts(0, 4, skip={(3, "gate"), (3, "up"), (3, "down")}),
+            "model.layers.0.mlp.experts.3.down_proj",
+        ),
+        (_experts(0, 4, skip={(1, "up")}), "model.layers.0.mlp.experts.1.up_proj"),
+    ],
+)
+def test_a_layer_missing_an_expert_or_a_projection_is_refused(names, missing):
+    with pytest.raises(ValueError, match=f"incomplete: missing .*{re.escape(missing)}"):
+        group_fused(_named(names), num_experts=4)
+
+
+def test_expert_tensors_for_an_engine_without_experts_are_refused():
+    with pytest.raises(ValueError, match="an engine that holds no experts"):
+        group_fused(_named(_experts(0, 2)))
