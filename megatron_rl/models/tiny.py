@@ -65,6 +65,9 @@ def hf_config(spec: ModelSpec, dtype: str = "float32"):
             output_router_logits=False,
         )
     cfg = cfg_cls(**kw)
+    # The model class, as a saved checkpoint names it: vLLM picks its implementation from it (without it,
+    # a Qwen3-MoE config resolves to no generative model).
+    cfg.architectures = [_HF_CLASSES[spec.family][1]]
     if hasattr(cfg, "rope_parameters"):  # transformers 5: RoPE type, theta and scaling in one dict
         cfg.rope_parameters = rope_parameters(spec)
     elif spec.rope_scaling != "none":

@@ -41,9 +41,10 @@ import torch
 
 from megatron_rl.models.dtypes import hf_dtype_name
 from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
+from megatron_rl.rollout.moe_reload import repack_if_left_raw
 from megatron_rl.rollout.process import make_shm_names_job_unique, prepare_env, preserved_rng
 from megatron_rl.rollout.types import LOGPROBS_MODES, Partial, Sample, SamplingSettings
-from megatron_rl.rollout.weights import covered, group_fused, target_of
+from megatron_rl.rollout.weights import covered, fused_group_key, group_fused, target_of
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ class VLLMEngine:
         self.seed = seed
         self.max_model_len = _max_model_len(model_dir, max_model_len)
         self.num_experts = _num_experts(model_dir)
+        self.experts_repacked = 0  # layers whose reloaded experts vLLM's CPU build left unpacked
         prepare_env()
 
         kwargs: dict = dict(
@@ -395,6 +397,9 @@ class VLLMEngine:
             self.llm.collective_rpc(
                 "reload_weights", kwargs=dict(weights_iterator=iter(group), is_checkpoint_format=True)
             )
+            if self.num_experts and not self.on_gpu and fused_group_key(group[0][0]).endswith(".mlp.experts"):
+                # rollout/moe_reload.py: vLLM's CPU reload leaves the experts unpacked
+                self.experts_repacked += repack_if_left_raw(self.model, group)
         self._reset_prefix_cache()
         self.version = version
         self._weights_valid = True

@@ -10,7 +10,7 @@ import pytest
 from megatron_rl.check import ConfigError, validate_recipe
 from megatron_rl.config.load import RECIPES_DIR, RecipeError, load_recipe, shipped_recipes
 
-EXPECTED_RECIPES = 7  # bump when a recipe is added: the glob below must find exactly these
+EXPECTED_RECIPES = 8  # bump when a recipe is added: the glob below must find exactly these
 
 
 def test_recursive_glob_finds_every_recipe():
@@ -24,6 +24,7 @@ def test_recursive_glob_finds_every_recipe():
         "grpo_tiny_hf_cpu",
         "grpo_tiny_cpu_separated",
         "grpo_qwen3-30b-a3b_4n8g",
+        "grpo_tiny_moe_cpu",
     }
 
 
