@@ -161,6 +161,23 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
             "groups cut rollout.partial_max_cuts times, which the next batch must wait for, could outnumber "
             "its quota",
         )
+    if alg.routing_replay and m.family != "qwen3_moe":
+        bad(
+            "algorithm.routing_replay",
+            f"replays the experts the engine routed each token to; model.family={m.family} has no experts",
+        )
+    if alg.routing_replay and ro.partial:
+        bad(
+            "algorithm.routing_replay",
+            "does not combine with rollout.partial yet: a continued sample's earlier tokens were routed under "
+            "an older version; set rollout.partial=false",
+        )
+    if alg.routing_replay and alg.old_logprobs == "engine":
+        bad(
+            "algorithm.routing_replay",
+            "replays the routes in the old-policy forward, which algorithm.old_logprobs=engine skips; use "
+            "recompute or auto",
+        )
     if ro.partial and alg.dynamic_sampling:
         bad(
             "rollout.partial",

@@ -47,6 +47,7 @@ from megatron_rl.loop.summary import step_metrics
 from megatron_rl.rollout.logprob_check import compare
 from megatron_rl.rollout.timeshare import TimeShare
 from megatron_rl.trainer.build import build_policy, frozen_copy
+from megatron_rl.trainer.replay import routes_of
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,11 +117,20 @@ def main(argv: list[str] | None = None) -> int:
         plan = assign(len(samples), procs.state.dp, algo.minibatches, cfg.seed, step)
         mine = sorted(i for minibatch in plan for i in minibatch[procs.state.dp_rank])
         seqs, plens = [samples[i].sequence for i in mine], [samples[i].prompt_len for i in mine]
+        # algorithm.routing_replay: every forward below uses the experts the engine routed each token to
+        replay = algo.routing_replay
         source = old_policy.source(algo.old_logprobs, algo.minibatches, algo.kl_in_reward, algo.kl_coef)
         old, agreement = {}, None
         if source == old_policy.RECOMPUTE:
             with run.phase("old_logprobs"):
-                old = dict(zip(mine, policy.logprobs(seqs, plens, temperature=temp)))
+                old = dict(
+                    zip(
+                        mine,
+                        policy.logprobs(
+                            seqs, plens, temperature=temp, routes=routes_of(samples, mine, replay)
+                        ),
+                    )
+                )
             # The engine sampled with the version these old log-probs come from: they must agree.
             agreement = compare(
                 [samples[i] for i in mine], [old[i] for i in mine], ro.logprob_check_threshold, newest
@@ -130,7 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         ref = {}
         if reference is not None:
             with run.phase("ref_logprobs"):
-                ref = dict(zip(mine, reference.logprobs(seqs, plens, temperature=temp)))
+                ref = dict(
+                    zip(
+                        mine,
+                        reference.logprobs(
+                            seqs, plens, temperature=temp, routes=routes_of(samples, mine, replay)
+                        ),
+                    )
+                )
 
         # 3. group-relative advantages (the KL folded into the rewards when the recipe says so)
         kl = kl_sums(old, ref, algo.kl_estimator, procs.dp_group) if algo.kl_in_reward and ref else None
@@ -157,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 temperature=temp,
                 timer=run.timer,
                 return_logprobs=agreement is None,
+                routes=routes_of(samples, idx, replay),
             )
             if agreement is None:
                 out, forward = out

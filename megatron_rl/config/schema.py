@@ -109,6 +109,9 @@ class AlgorithmConfig:
     overlong: str = "none"  # none | mask | penalty
     overlong_penalty_tokens: int = 0
     truncated_is_cap: float = 0.0  # 0 = off; else cap on the rollout/old-policy ratio
+    # Mixture-of-experts models: the trainer's forwards (old-policy, reference, every update) use the
+    # experts the engine routed each token to, instead of choosing their own (trainer/replay.py).
+    routing_replay: bool = False
     # The frozen reference (kl_coef > 0): "resident" keeps its weights on the GPU; "offload" keeps
     # them in host memory and brings them over only for the reference log-probs (the planner counts
     # whichever is chosen).

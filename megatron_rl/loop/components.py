@@ -50,6 +50,7 @@ def build_engine(cfg, procs: Processes, run_dir: Path):
         dtype=hf_dtype_name(spec.params_dtype),
         max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
         checkpoint_stop_ids=checkpoint_stop_ids(cfg.model),
+        record_routes=cfg.algorithm.routing_replay,
     )
     return engine
 

@@ -97,8 +97,16 @@ class Sample:
     reward: float = 0.0
     status: str = ""
     token_versions: list[int] | None = None
+    # Routing replay (algorithm.routing_replay): the engine's top-k experts per fed position and MoE layer,
+    # [prompt + completion - 1, layers, k] uint8 (rollout/routes.py); None otherwise.
+    routes: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
+        if self.routes is not None and self.routes.shape[0] != len(self.prompt_ids) + len(self.token_ids) - 1:
+            raise ValueError(
+                f"sample ({self.prompt_index}, {self.sample_index}): routes for {self.routes.shape[0]} positions, "
+                f"expected {len(self.prompt_ids) + len(self.token_ids) - 1} (prompt + completion - 1)"
+            )
         if self.token_versions is not None:
             _check_versions(self.token_versions, len(self.token_ids), self.prompt_index, self.sample_index)
             if self.token_versions and self.token_versions[0] != self.version:

@@ -43,6 +43,7 @@ from megatron_rl.models.dtypes import hf_dtype_name
 from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 from megatron_rl.rollout.moe_reload import repack_if_left_raw
 from megatron_rl.rollout.process import make_shm_names_job_unique, prepare_env, preserved_rng
+from megatron_rl.rollout.routes import EngineRoutes
 from megatron_rl.rollout.types import LOGPROBS_MODES, Partial, Sample, SamplingSettings
 from megatron_rl.rollout.weights import covered, fused_group_key, group_fused, target_of
 
@@ -102,6 +103,7 @@ class VLLMEngine:
         dtype: str | None = None,
         max_model_len: int | None = None,
         checkpoint_stop_ids: Sequence[int] = (),
+        record_routes: bool = False,
     ):
         """`checkpoint_stop_ids`: the end ids of the model's checkpoint (models/checkpoint.py
         `stop_token_ids`), stopped at besides `cfg.stop_token_ids`. The caller reads them once: the
@@ -129,6 +131,13 @@ class VLLMEngine:
         self.max_model_len = _max_model_len(model_dir, max_model_len)
         self.num_experts = _num_experts(model_dir)
         self.experts_repacked = 0  # layers whose reloaded experts vLLM's CPU build left unpacked
+        # Routing replay (algorithm.routing_replay): each sample carries the experts it was routed to.
+        self.routes = None
+        if record_routes:
+            if not self.num_experts:
+                raise ValueError("record_routes needs a mixture-of-experts model; this one is dense")
+            config = json.loads((model_dir / "config.json").read_text())
+            self.routes = EngineRoutes(config, self.on_gpu, self.max_model_len)
         prepare_env()
 
         kwargs: dict = dict(
@@ -171,6 +180,8 @@ class VLLMEngine:
             # not use offset". Prompts are prefilled whole instead, in a budget that holds the longest.
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(CPU_TOKEN_BUDGET * tp, self.max_model_len)
+        if self.routes is not None:
+            kwargs.update(self.routes.engine_kwargs())
 
         try:
             from vllm import EngineArgs, LLMEngine
@@ -192,6 +203,8 @@ class VLLMEngine:
             )
         self.start_s = time.perf_counter() - started
         self._engine = self.llm
+        if self.routes is not None:
+            self.routes.attach(self._engine.model_executor.driver_worker.worker.model_runner, self.model)
         # A dummy-initialised engine holds random weights, not a policy: version -1 until published.
         self.version = -1 if load_format == "dummy" else 0
         self._weights_valid = load_format != "dummy"
@@ -329,7 +342,11 @@ class VLLMEngine:
             token_prompts = [{"prompt_token_ids": ids} for _, ids, _, _ in requests]
             renderer = getattr(engine, "renderer", None)  # builds without it take the raw token prompt
             rendered = renderer.render_cmpl(token_prompts) if renderer is not None else token_prompts
-            for (rid, _, _, params), prompt in zip(requests, rendered):
+            for (rid, _, r, params), prompt in zip(requests, rendered):
+                if self.routes is not None:
+                    if r.token_ids:
+                        raise ValueError("routing replay does not continue cut samples (rollout.partial)")
+                    self.routes.begin(rid)
                 engine.add_request(rid, prompt, params)
         self._streaming = True
         pending = set(by_id)
@@ -357,6 +374,11 @@ class VLLMEngine:
                     if not keep_partial:  # the whole completion at once (FINAL_ONLY)
                         _append_delta(out, *new[out.request_id])
                     sample = _to_sample(out, by_id[out.request_id], *new.pop(out.request_id), version)
+                    if self.routes is not None:
+                        fed = (
+                            len(sample.prompt_ids) + len(sample.token_ids) - 1
+                        )  # the last token is never fed
+                        sample.routes = self.routes.finished(out, out.request_id, fed)
                     tokens += len(sample.token_ids) - len(by_id[out.request_id].token_ids)
                     if first_s is None:
                         first_s = time.perf_counter() - started
@@ -364,6 +386,8 @@ class VLLMEngine:
         finally:
             if pending:  # the consumer stopped early: free the engine for the next call
                 engine.abort_request(sorted(pending))
+                for rid in pending if self.routes is not None else ():
+                    self.routes.drop(rid)
                 if keep_partial:
                     cut.extend(_extended(by_id[rid], *new[rid], version) for rid in sorted(pending))
             self._streaming = False

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from megatron_rl.trainer.replay import routes_grid
+
 
 @dataclass
 class Microbatch:
@@ -32,6 +34,7 @@ class Microbatch:
     loss_mask_BT: torch.Tensor
     index: list[int]  # position of each sequence in the caller's list
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-token tensors [B, T]
+    routes: torch.Tensor | None = None  # routing replay: experts per position and layer [B, S, L, k]
 
     def to(self, device: torch.device | str) -> Microbatch:
         """The same microbatch with every tensor (extras included) on `device`."""
@@ -46,6 +49,7 @@ class Microbatch:
             move(self.loss_mask_BT),
             list(self.index),
             {k: move(v) for k, v in self.extras.items()},
+            None if self.routes is None else move(self.routes),
         )
 
 
@@ -63,6 +67,7 @@ def make_microbatches(
     multiple: int = 8,
     device: torch.device | str = "cpu",
     by_length: bool = False,
+    routes: list[torch.Tensor] | None = None,
 ) -> list[Microbatch]:
     """Split sequences (prompt + completion token ids) into right-padded microbatches on `device`.
 
@@ -109,7 +114,11 @@ def make_microbatches(
                     )
                 ex[k][b, p - 1 : len(seq) - 1] = v.float()
         pos = torch.arange(S, device=host).unsqueeze(0).expand(len(idx), S).contiguous()
-        out.append(Microbatch(tokens, pos, [lengths[i] for i in idx], mask, idx, ex).to(device))
+        grid = None
+        if routes is not None:  # routing replay (trainer/replay.py)
+            _, layers, k = routes[idx[0]].shape
+            grid = routes_grid([routes[i] for i in idx], [lengths[i] for i in idx], S, k, layers)
+        out.append(Microbatch(tokens, pos, [lengths[i] for i in idx], mask, idx, ex, grid).to(device))
     return out
 
 

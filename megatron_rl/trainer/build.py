@@ -42,6 +42,7 @@ def build_policy(
         state,
         optim=optim_settings(recipe) if with_optimizer else None,
         micro_batch_size=recipe.optim.micro_batch_size,
+        routing_replay=recipe.algorithm.routing_replay,
     )
     if recipe.model.hf_checkpoint and import_weights:
         load_hf_into(
@@ -62,7 +63,12 @@ def frozen_copy(policy: Policy, recipe, state: ParallelState) -> Policy:
 
     With `algorithm.reference=offload` its weights wait in host memory and come to the device only
     for the reference log-probs (the planner counts the choice: plan/memory.py)."""
-    ref = Policy(policy.spec, state, micro_batch_size=recipe.optim.micro_batch_size)
+    ref = Policy(
+        policy.spec,
+        state,
+        micro_batch_size=recipe.optim.micro_batch_size,
+        routing_replay=recipe.algorithm.routing_replay,
+    )
     src = dict(policy.named_parameters_global())
     with torch.no_grad():
         for name, p in ref.named_parameters_global():

@@ -32,6 +32,7 @@ from megatron_rl.trainer.batch import (
 )
 from megatron_rl.trainer.logprobs import token_logprobs
 from megatron_rl.trainer.parallel import ParallelState
+from megatron_rl.trainer.replay import replaying, set_replay
 
 # loss_fn(logprobs_BT, microbatch) -> (loss scalar normalised by the global count, metrics dict)
 LossFn = Callable[[torch.Tensor, Microbatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -78,6 +79,7 @@ class Policy:
         dtype: str | None = None,
         optim: OptimSettings | None = None,
         micro_batch_size: int = 1,
+        routing_replay: bool = False,
     ):
         self.spec, self.state = spec, state
         self.dtype = dtype or spec.params_dtype
@@ -85,6 +87,12 @@ class Policy:
         self.padded_vocab = spec.padded_vocab(state.tp)
         on_cpu = state.device.type == "cpu"
         self.config = transformer_config(spec, state.layout, self.dtype, on_cpu=on_cpu)
+        # algorithm.routing_replay: the forwards can take the engine's experts (trainer/replay.py).
+        self.routing_replay = routing_replay
+        if routing_replay:
+            if not spec.is_moe:
+                raise ValueError("routing replay needs a mixture-of-experts model; this one is dense")
+            self.config.moe_enable_routing_replay = True
         model = build_gpt(spec, self.config, self.padded_vocab, state.is_first_stage, state.is_last_stage)
         self.model = model.to(state.device)
         self.ddp = None
@@ -170,7 +178,7 @@ class Policy:
         fb = get_forward_backward_func()
         model = self.ddp if (self.ddp is not None and not forward_only) else self.model
         seq_len = mbs[0].tokens_BS.shape[1]
-        with torch.set_grad_enabled(not forward_only):
+        with torch.set_grad_enabled(not forward_only), replaying(self.model, mbs[0].routes is not None):
             return fb(
                 forward_step_func=step_fn,
                 data_iterator=iter(mbs),
@@ -182,9 +190,12 @@ class Policy:
             )
 
     def _forward(self, model, mb: Microbatch) -> torch.Tensor:
+        if mb.routes is not None:
+            st = self.state
+            set_replay(self.model, mb.routes, st.tp_rank, st.tp, st.layout.sequence_parallel)
         return model(mb.tokens_BS, mb.position_ids_BS, attention_mask=None)
 
-    def _microbatches(self, sequences, prompt_lens, seq_len, extras=None) -> list[Microbatch]:
+    def _microbatches(self, sequences, prompt_lens, seq_len, extras=None, routes=None) -> list[Microbatch]:
         """Microbatches on the policy's device (the one device rule: see trainer/batch.py). Without
         pipeline parallelism (no p2p buffer shape to keep) they are grouped by length, each padded to
         its own longest. An MoE model whose experts span ranks pads to one length over those ranks
@@ -200,6 +211,7 @@ class Policy:
             extras,
             device=self.state.device,
             by_length=by_length,
+            routes=routes,
         )
 
     def _expert_length(self, sequences: list[list[int]], microbatches: int) -> int | None:
@@ -223,15 +235,22 @@ class Policy:
             )
         return length or None
 
+    def _replayed(self, routes: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+        if routes is not None and not self.routing_replay:
+            raise ValueError("routes given to a policy built without routing_replay=True")
+        return routes
+
     def logprobs(
         self,
         sequences: list[list[int]],
         prompt_lens: list[int],
         temperature: float = 1.0,
         seq_len: int | None = None,
+        routes: list[torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
-        """Per-sequence completion log-probs (1-D float32 tensors), on every rank of the model group."""
-        mbs = self._microbatches(sequences, prompt_lens, seq_len)
+        """Per-sequence completion log-probs (1-D float32 tensors), on every rank of the model group.
+        `routes`: the engine's experts per sequence, replayed (trainer/replay.py)."""
+        mbs = self._microbatches(sequences, prompt_lens, seq_len, routes=self._replayed(routes))
         tp_rank, vocab = self.state.tp_rank, self.spec.vocab_size
 
         def step(data_iter, model):
@@ -288,6 +307,7 @@ class Policy:
         seq_len: int | None = None,
         timer=None,
         return_logprobs: bool = False,
+        routes: list[torch.Tensor] | None = None,
     ):
         """One optimizer step over this DP rank's sequences. Returns metrics (grad_norm, loss, ...).
 
@@ -301,7 +321,7 @@ class Policy:
 
         if self.optimizer is None:
             raise RuntimeError("Policy was built without an optimizer (pass optim=OptimSettings(...))")
-        mbs = self._microbatches(sequences, prompt_lens, seq_len, extras)
+        mbs = self._microbatches(sequences, prompt_lens, seq_len, extras, self._replayed(routes))
         scale = len(mbs) * self.state.dp
         tp_rank, vocab = self.state.tp_rank, self.spec.vocab_size
         forward_lp: list[torch.Tensor] = []  # [B, T] per microbatch, in schedule order (last stage only)

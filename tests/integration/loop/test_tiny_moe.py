@@ -1,6 +1,7 @@
 """The tiny MoE recipe (grpo_tiny_moe_cpu) end to end: a Qwen3-MoE model (4 experts, top-2) trained
 by megatron-core at DP2 x EP2 (the all-gather dispatcher over gloo), served by two vLLM CPU engines that
-receive the experts from both EP ranks every step, rewards from the sandbox. Its rewards climb, and the
+receive the experts from both EP ranks every step, rewards from the sandbox, routing replay on (the
+trainer's forwards use the experts the engines recorded per token). Its rewards climb, and the
 engines serve exactly the trainer's weights: a publication whose experts the engine left unpacked
 (rollout/moe_reload.py) read 0.07 nats mean / 0.37 max here before it was mended."""
 
@@ -17,7 +18,9 @@ RECIPE_BATCH = ["data.prompts_per_step=8", "rollout.samples_per_prompt=8", "algo
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("moe")
-    launch(tmp, STEPS, RECIPE_BATCH, recipe="grpo_tiny_moe_cpu", env={"MEGATRON_RL_DEVICE_GUARD": "1"})
+    # With routing replay: every forward takes the engine's experts (fp32 on both sides: the same ones).
+    extra = [*RECIPE_BATCH, "algorithm.routing_replay=true"]
+    launch(tmp, STEPS, extra, recipe="grpo_tiny_moe_cpu", env={"MEGATRON_RL_DEVICE_GUARD": "1"})
     return records(tmp)
 
 

@@ -92,6 +92,22 @@ def test_a_moe_recipe_without_a_checkpoint_validates_and_states_its_experts():
         ([*MOE, *TP1, "layout.etp=3"], "layout.etp"),  # 3 does not divide the experts' FFN (64)
         ([*MOE, "layout.ep=2"], "layout.sequence_parallel"),  # TP2 without sequence parallelism
         ([*MOE, "layout.sequence_parallel=true"], "layout.sequence_parallel"),  # none on the CPU build
+        (["algorithm.routing_replay=true"], "algorithm.routing_replay"),  # a dense model has no experts
+        (
+            [*MOE, *TP1, "algorithm.routing_replay=true", "algorithm.old_logprobs=engine"],
+            "algorithm.routing_replay",
+        ),
+        (
+            [
+                *MOE,
+                *TP1,
+                "algorithm.routing_replay=true",
+                "rollout.partial=true",
+                "rollout.oversample=1.5",
+                "algorithm.truncated_is_cap=2",
+            ],
+            "algorithm.routing_replay",
+        ),
     ],
 )
 def test_wrong_moe_settings_are_refused_by_validate_naming_the_key(overrides, key):
