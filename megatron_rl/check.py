@@ -172,11 +172,17 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
             "does not combine with rollout.partial yet: a continued sample's earlier tokens were routed under "
             "an older version; set rollout.partial=false",
         )
-    if alg.routing_replay and alg.old_logprobs == "engine":
+    if alg.routing_replay and cfg.layout.recompute == "full" and cfg.layout.pp > 1:
         bad(
             "algorithm.routing_replay",
-            "replays the routes in the old-policy forward, which algorithm.old_logprobs=engine skips; use "
-            "recompute or auto",
+            "does not combine with layout.recompute=full at layout.pp > 1 yet: the recomputed forward in a "
+            "microbatch's backward would replay the routes of a later microbatch (1F1B runs several "
+            "forwards first); use layout.recompute=selective or none",
+        )
+    if alg.routing_replay and (m.num_experts or 0) > 255:
+        bad(
+            "algorithm.routing_replay",
+            f"carries expert ids as bytes: at most 255 experts, not {m.num_experts}",
         )
     if ro.partial and alg.dynamic_sampling:
         bad(
@@ -282,6 +288,13 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
             "rollout.sleep_level=1 (weights kept on the host) or use stop/retry",
         )
 
+    if cl.gpu == "cpu" and (m.num_experts or 0) and cfg.layout.engine_tp > 1:
+        bad(
+            "layout.engine_tp",
+            "must be 1 for a mixture-of-experts model on the CPU build: after each publication the engine "
+            "repacks the experts vLLM's CPU reload leaves raw (rollout/moe_reload.py), which is built and "
+            "tested for whole experts per engine; use layout.engine_count for more engines",
+        )
     if cl.gpu == "cpu" and cfg.layout.sequence_parallel and cfg.layout.tp > 1:
         bad(
             "layout.sequence_parallel",

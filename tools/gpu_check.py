@@ -106,8 +106,20 @@ def _samples(spec, n_prompts=2, n=4, prompt_len=12, max_new=24, seed=0):
     return out
 
 
-def check_hf(state, tmp: Path, on_gpu: bool) -> dict:
+def _hf_logprobs(ckpt, seqs, plens) -> list[torch.Tensor]:
+    """transformers' own log-probs of the completions: the oracle of the trainer's."""
     from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    ref = []
+    for s, p in zip(seqs, plens):
+        with torch.no_grad():
+            lp = torch.log_softmax(hf(torch.tensor([s])).logits[0].float(), -1)
+        ref.append(lp[torch.arange(p - 1, len(s) - 1), torch.tensor(s[p:])])
+    return ref
+
+
+def check_hf(state, tmp: Path, on_gpu: bool) -> dict:
 
     from megatron_rl.models.tiny import write_hf_checkpoint
     from megatron_rl.trainer.cpu_compat import applied_patches
@@ -117,12 +129,7 @@ def check_hf(state, tmp: Path, on_gpu: bool) -> dict:
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, TINY.vocab_size, (n,), generator=g).tolist() for n in (33, 57, 12, 40)]
     plens = [5, 9, 3, 20]
-    hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    ref = []
-    for s, p in zip(seqs, plens):
-        with torch.no_grad():
-            lp = torch.log_softmax(hf(torch.tensor([s])).logits[0].float(), -1)
-        ref.append(lp[torch.arange(p - 1, len(s) - 1), torch.tensor(s[p:])])
+    ref = _hf_logprobs(ckpt, seqs, plens)
     diffs = {}
     for dtype in ("fp32", "bf16") if on_gpu else ("fp32",):
         pol = _policy(TINY, state, dtype, optim=False)
@@ -282,8 +289,6 @@ def check_moe(state, tmp: Path) -> dict:
     layer spec when it imports); on CPU the `allgather` one (models/megatron.py token_dispatcher)."""
     from dataclasses import replace as _replace
 
-    from transformers import AutoModelForCausalLM
-
     from megatron_rl.models.megatron import token_dispatcher
     from megatron_rl.models.tiny import write_hf_checkpoint
     from megatron_rl.trainer.hf_import import load_hf_into
@@ -294,12 +299,7 @@ def check_moe(state, tmp: Path) -> dict:
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, spec.vocab_size, (n,), generator=g).tolist() for n in (21, 40)]
     plens = [4, 9]
-    hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    ref = []
-    for s, p in zip(seqs, plens):
-        with torch.no_grad():
-            lp = torch.log_softmax(hf(torch.tensor([s])).logits[0].float(), -1)
-        ref.append(lp[torch.arange(p - 1, len(s) - 1), torch.tensor(s[p:])])
+    ref = _hf_logprobs(ckpt, seqs, plens)
     pol = _policy(spec, state, "fp32", optim=True)
     load_hf_into(pol.model, spec, ckpt, 1, 0, pol.padded_vocab)
     got = pol.logprobs(seqs, plens)

@@ -44,6 +44,7 @@ from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 from megatron_rl.rollout.moe_reload import repack_if_left_raw
 from megatron_rl.rollout.process import make_shm_names_job_unique, prepare_env, preserved_rng
 from megatron_rl.rollout.routes import EngineRoutes
+from megatron_rl.rollout.stream import Stream, append_delta, extended, to_sample
 from megatron_rl.rollout.types import LOGPROBS_MODES, Partial, Sample, SamplingSettings
 from megatron_rl.rollout.weights import covered, fused_group_key, group_fused, target_of
 
@@ -136,6 +137,11 @@ class VLLMEngine:
         if record_routes:
             if not self.num_experts:
                 raise ValueError("record_routes needs a mixture-of-experts model; this one is dense")
+        if self.num_experts and not self.on_gpu and tp > 1:
+            raise ValueError(
+                "a mixture-of-experts engine on the CPU build runs at TP 1 (rollout/moe_reload.py repacks whole "
+                "experts after each publication); use more engines instead"
+            )
             config = json.loads((model_dir / "config.json").read_text())
             self.routes = EngineRoutes(config, self.on_gpu, self.max_model_len)
         prepare_env()
@@ -367,13 +373,13 @@ class VLLMEngine:
                     # sample of this step keeps every cut request a consistent prefix (the outputs after it
                     # lose this step's token, never recorded, and a request finished there is continued).
                     if keep_partial:
-                        _append_delta(out, *new[out.request_id])
+                        append_delta(out, *new[out.request_id])
                     if not out.finished:
                         continue
                     pending.discard(out.request_id)
                     if not keep_partial:  # the whole completion at once (FINAL_ONLY)
-                        _append_delta(out, *new[out.request_id])
-                    sample = _to_sample(out, by_id[out.request_id], *new.pop(out.request_id), version)
+                        append_delta(out, *new[out.request_id])
+                    sample = to_sample(out, by_id[out.request_id], *new.pop(out.request_id), version)
                     if self.routes is not None:
                         fed = (
                             len(sample.prompt_ids) + len(sample.token_ids) - 1
@@ -389,7 +395,7 @@ class VLLMEngine:
                 for rid in pending if self.routes is not None else ():
                     self.routes.drop(rid)
                 if keep_partial:
-                    cut.extend(_extended(by_id[rid], *new[rid], version) for rid in sorted(pending))
+                    cut.extend(extended(by_id[rid], *new[rid], version) for rid in sorted(pending))
             self._streaming = False
             seconds = time.perf_counter() - started
             self.last_stream = dict(
@@ -523,66 +529,3 @@ def uncovered_params(params: Mapping[str, torch.Tensor], incoming: Iterable[str]
     unwritten, sorted. In-place delivery copies only what arrives: after a level-2 sleep every one of
     these holds whatever the reallocated memory held."""
     return sorted(set(params) - covered(dict(params), incoming))
-
-
-class Stream(Iterator[Sample]):
-    """The samples of one `generate_requests` call as they finish. `close()` aborts what still runs (every
-    rank of an engine closes at the same sample); with keep_partial, `cut` then lists those requests as
-    `Partial`s holding the tokens they had, to be continued later."""
-
-    def __init__(self, gen: Iterator[Sample], requests: list, cut: list[Partial], keep_partial: bool):
-        self._gen, self._requests, self.cut, self._keep = gen, requests, cut, keep_partial
-        self._started = False
-
-    def __iter__(self) -> Stream:
-        return self
-
-    def __next__(self) -> Sample:
-        self._started = True
-        return next(self._gen)
-
-    def close(self) -> None:
-        if not self._started and self._keep:  # closed before any request entered the engine
-            self.cut.extend(r for _, _, r, _ in self._requests)
-        self._gen.close()
-
-
-def _append_delta(out, tokens: list[int], logprobs: list[float]) -> None:
-    completion = out.outputs[0]
-    ids = list(completion.token_ids)
-    if ids and (completion.logprobs is None or len(completion.logprobs) != len(ids)):
-        raise RuntimeError(f"request {out.request_id}: the engine returned no per-token log-probs")
-    tokens += ids
-    logprobs += [float(pos[tok].logprob) for tok, pos in zip(ids, completion.logprobs or [])]
-
-
-def _extended(r: Partial, tokens: list[int], logprobs: list[float], version: int) -> Partial:
-    """The request `r` with the tokens this call added, each of `version`."""
-    return Partial(
-        r.prompt_index,
-        r.sample_index,
-        list(r.prompt_ids),
-        list(r.token_ids) + tokens,
-        list(r.logprobs) + logprobs,
-        list(r.versions) + [version] * len(tokens),
-        r.max_tokens,
-    )
-
-
-def _to_sample(out, r: Partial, tokens: list[int], logprobs: list[float], version: int) -> Sample:
-    reason = out.outputs[0].finish_reason
-    if reason not in ("stop", "length"):
-        raise RuntimeError(f"request {out.request_id} ended with finish reason {reason!r} (aborted?)")
-    versions = list(r.versions) + [version] * len(tokens)
-    first = versions[0] if versions else version
-    return Sample(
-        prompt_index=r.prompt_index,
-        sample_index=r.sample_index,
-        prompt_ids=list(r.prompt_ids),
-        token_ids=list(r.token_ids) + tokens,
-        logprobs=list(r.logprobs) + logprobs,
-        finish_reason=reason,
-        truncated=reason == "length",
-        version=first,
-        token_versions=versions if any(v != first for v in versions) else None,
-    )

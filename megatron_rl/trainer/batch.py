@@ -34,7 +34,9 @@ class Microbatch:
     loss_mask_BT: torch.Tensor
     index: list[int]  # position of each sequence in the caller's list
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-token tensors [B, T]
-    routes: torch.Tensor | None = None  # routing replay: experts per position and layer [B, S, L, k]
+    routes: torch.Tensor | None = (
+        None  # routing replay: experts per position and layer [B, S, L, k] uint8, host
+    )
 
     def to(self, device: torch.device | str) -> Microbatch:
         """The same microbatch with every tensor (extras included) on `device`."""
@@ -49,7 +51,7 @@ class Microbatch:
             move(self.loss_mask_BT),
             list(self.index),
             {k: move(v) for k, v in self.extras.items()},
-            None if self.routes is None else move(self.routes),
+            self.routes,  # host bytes: each layer's slice moves to the device at its forward (trainer/replay.py)
         )
 
 

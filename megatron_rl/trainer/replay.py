@@ -11,7 +11,8 @@ experts, so gradients reach the router as before.
 Each layer's own `router.router_replay` is set, not megatron-core's process-global list of them: the
 policy and the reference are two models with a list entry per layer each.
 
-Positions the engine never ran (the last completion token, right padding) take experts 0..k-1: their
+The routes stay in host memory, as bytes; each layer's slice moves to the device just before its
+forward. Positions the engine never ran (the last completion token, right padding) take experts 0..k-1: their
 outputs predict nothing that is scored. Token order is megatron's: s-major over the [S, B] microbatch,
 and with sequence parallelism each TP rank routes its own contiguous S/TP positions.
 """
@@ -28,14 +29,14 @@ def routes_grid(
 ) -> torch.Tensor:
     """Per-sequence routes ([fed positions, layers, k]) laid out on a microbatch's [B, S, layers, k] grid."""
     grid = (
-        torch.arange(topk, dtype=torch.long, device="cpu").expand(len(routes), seq_len, layers, topk).clone()
+        torch.arange(topk, dtype=torch.uint8, device="cpu").expand(len(routes), seq_len, layers, topk).clone()
     )
     for b, (r, n) in enumerate(zip(routes, lengths)):
         if r.shape[0] != n - 1 or r.shape[1:] != (layers, topk):
             raise ValueError(
                 f"sequence {b}: routes of shape {list(r.shape)}, expected [{n - 1}, {layers}, {topk}]"
             )
-        grid[b, : n - 1] = r.long()
+        grid[b, : n - 1] = r
     return grid
 
 
@@ -53,8 +54,11 @@ def set_replay(
         idx = routes_BSLK[:, :, layer.layer_number - 1, :].transpose(0, 1)  # [S, B, k]
         if sequence_parallel and tp > 1:
             idx = idx.chunk(tp, 0)[tp_rank]
+        # The grid stays on the host as bytes (3 KB a token at 48 layers x top-8 as int64); one layer's
+        # slice goes to the router's device as the index type gather() takes.
+        device = layer.mlp.router.weight.device
         replay.clear_indices()
-        replay.set_target_indices(idx.reshape(-1, k).contiguous())
+        replay.set_target_indices(idx.reshape(-1, k).to(device=device, dtype=torch.long))
         replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
 
 

@@ -94,7 +94,18 @@ def test_a_moe_recipe_without_a_checkpoint_validates_and_states_its_experts():
         ([*MOE, "layout.sequence_parallel=true"], "layout.sequence_parallel"),  # none on the CPU build
         (["algorithm.routing_replay=true"], "algorithm.routing_replay"),  # a dense model has no experts
         (
-            [*MOE, *TP1, "algorithm.routing_replay=true", "algorithm.old_logprobs=engine"],
+            [*MOE, *TP1, "layout.engine_tp=2", "layout.engine_count=1"],
+            "layout.engine_tp",
+        ),  # CPU: whole experts
+        (
+            [
+                *MOE,
+                *TP1,
+                "algorithm.routing_replay=true",
+                "layout.pp=2",
+                "layout.dp=1",
+                "layout.recompute=full",
+            ],
             "algorithm.routing_replay",
         ),
         (

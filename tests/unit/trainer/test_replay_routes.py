@@ -20,15 +20,17 @@ def test_routes_land_on_the_grid_and_unfed_positions_take_the_first_experts():
     r = [_routes(4), _routes(2)]
     grid = routes_grid(r, [5, 3], seq_len=8, topk=2, layers=2)
     assert grid.shape == (2, 8, 2, 2)
-    assert torch.equal(grid[0, :4], r[0].long()) and torch.equal(grid[1, :2], r[1].long())
-    assert torch.equal(grid[0, 4:], torch.tensor([0, 1]).expand(4, 2, 2))  # last token and padding
+    assert grid.dtype == torch.uint8 and torch.equal(grid[0, :4], r[0]) and torch.equal(grid[1, :2], r[1])
+    assert torch.equal(
+        grid[0, 4:], torch.tensor([0, 1], dtype=torch.uint8).expand(4, 2, 2)
+    )  # last token and padding
 
 
 def test_microbatches_carry_each_sequences_routes_in_its_own_row():
     seqs = [[1, 2, 3, 4, 5], [6, 7, 8]]
     r = [_routes(4), _routes(2, start=1)]
     [mb] = make_microbatches(seqs, [2, 1], 2, routes=r)
-    assert torch.equal(mb.routes[0, :4], r[0].long()) and torch.equal(mb.routes[1, :2], r[1].long())
+    assert torch.equal(mb.routes[0, :4], r[0]) and torch.equal(mb.routes[1, :2], r[1])
 
 
 @pytest.mark.parametrize("bad", [_routes(5), _routes(4, layers=3), _routes(4, k=1)])
