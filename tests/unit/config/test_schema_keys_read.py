@@ -49,6 +49,7 @@ READ_ELSEWHERE = {
     "algorithm.overlong": "megatron_rl.loop.rl_batch:shaped_rewards",
     "algorithm.overlong_penalty_tokens": "megatron_rl.loop.rl_batch:shaped_rewards",
     "algorithm.truncated_is_cap": "megatron_rl.loop.rl_batch:grpo_loss_fn",
+    "algorithm.routing_replay": "megatron_rl.trainer.build:build_policy",
     "rollout.max_staleness": "megatron_rl.loop.schedule:staleness",
     "rollout.oversample": "megatron_rl.loop.collect:collect_batch",
     "rollout.partial": "megatron_rl.loop.collect:collect_batch",
