@@ -430,18 +430,14 @@ class AllToAllPhase:
 
 
 @dataclass(frozen=True)
-class AllToAll:
-    """A mixture of experts' token all-to-all per step and trainer rank, by network cut; the seconds
-    are inside the phases (train_fwd_bwd, old/ref log-probs)."""
+class AllToAll(AllToAllPhase):
+    """A mixture of experts' token all-to-all per step and trainer rank, by network cut (the totals, as
+    one phase's fields), and per phase; the seconds are inside the phases (train_fwd_bwd, old/ref
+    log-probs)."""
 
     ep: int
     etp: int
     phases: Mapping[str, AllToAllPhase]
-    count: int
-    nvlink_bytes: float
-    ib_bytes: float
-    ib_bytes_per_node: float
-    seconds: float
 
 
 @dataclass(frozen=True)
