@@ -288,6 +288,10 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
             "rollout.sleep_level=1 (weights kept on the host) or use stop/retry",
         )
 
+    if cl.gpu == "cpu" and cfg.layout.engine_ep:
+        bad(
+            "layout.engine_ep", "is for GPU engines (vLLM's CPU MoE engine runs at engine TP 1); set it false"
+        )
     if cl.gpu == "cpu" and (m.num_experts or 0) and cfg.layout.engine_tp > 1:
         bad(
             "layout.engine_tp",

@@ -70,6 +70,7 @@ class ParallelLayout:
     pp_layers: tuple[int, ...] = ()  # explicit layers per PP stage; () = even split
     engine_tp: int = 1
     engine_count: int = 1
+    engine_ep: bool = False  # MoE engines: whole experts per engine rank (vLLM expert parallelism)
     placement: str = "colocated"  # colocated | separated
     synchrony: str = "sync"  # sync | async
     # The order megatron-core numbers trainer ranks in; recipes keep the default (tests that emulate
@@ -104,6 +105,7 @@ class ParallelLayout:
             pp_layers=tuple(layout.pp_layers),
             engine_tp=layout.engine_tp,
             engine_count=layout.engine_count,
+            engine_ep=layout.engine_ep,
             placement=layout.placement,
             synchrony=layout.synchrony,
         )
@@ -122,6 +124,7 @@ class ParallelLayout:
             "recompute",
             "engine_tp",
             "engine_count",
+            "engine_ep",
         )
         out = [f"layout.{k}={str(getattr(self, k)).lower()}" for k in keys]
         out.append(f"layout.pp_layers=[{','.join(str(n) for n in self.pp_layers)}]")
@@ -259,7 +262,7 @@ class ParallelLayout:
         if out:
             return out  # the rules below divide by these
         out += rules.trainer_problems(self, model)
-        out += rules.engine_problems(self.engine_tp, model)
+        out += rules.engine_problems(self.engine_tp, model, self.engine_ep)
         out += rules.placement_problems(self)
         return out + rules.cluster_problems(self, cluster)
 

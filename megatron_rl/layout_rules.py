@@ -150,7 +150,7 @@ def expert_problems(layout, model) -> list[Problem]:
     return out
 
 
-def engine_problems(engine_tp: int, model) -> list[Problem]:
+def engine_problems(engine_tp: int, model, engine_ep: bool = False) -> list[Problem]:
     """Engine TP against the model (how vLLM shards heads, KV heads, the MLP and the vocabulary)."""
     out = []
     heads, kv = model.num_attention_heads, model.num_query_groups
@@ -170,7 +170,14 @@ def engine_problems(engine_tp: int, model) -> list[Problem]:
     if model.ffn_hidden_size % engine_tp:
         out.append(_p("engine_tp", engine_tp, f"must divide model.ffn_hidden_size={model.ffn_hidden_size}"))
     moe_ffn = getattr(model, "moe_ffn_hidden_size", None) or 0
-    if moe_ffn % engine_tp:  # vLLM's fused MoE splits every expert's FFN over the engine's TP ranks
+    experts = getattr(model, "num_experts", None) or 0
+    if engine_ep and not experts:
+        out.append(_p("engine_ep", engine_ep, "places whole experts per engine rank; this model is dense"))
+    elif engine_ep and experts % engine_tp:  # vLLM's expert parallelism: E / engine_tp experts per rank
+        out.append(
+            _p("engine_tp", engine_tp, f"must divide model.num_experts={experts} with layout.engine_ep")
+        )
+    elif not engine_ep and moe_ffn % engine_tp:  # every expert's FFN split over the engine's TP ranks
         out.append(_p("engine_tp", engine_tp, f"must divide model.moe_ffn_hidden_size={moe_ffn}"))
     padded = -(-model.vocab_size // ENGINE_VOCAB_PAD) * ENGINE_VOCAB_PAD
     if padded % engine_tp:

@@ -80,6 +80,9 @@ class LayoutConfig:
     recompute: str = "none"  # none | selective | full
     engine_tp: int = 1
     engine_count: int = 1
+    # Mixture of experts: each engine rank holds E / engine_tp whole experts (vLLM's expert parallelism,
+    # `enable_expert_parallel`) instead of every expert's FFN split over engine_tp. GPU engines only.
+    engine_ep: bool = False
     placement: str = (
         "colocated"  # colocated | separated (engines on engine_tp x engine_count GPUs of their own)
     )

@@ -51,6 +51,7 @@ def build_engine(cfg, procs: Processes, run_dir: Path):
         max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
         checkpoint_stop_ids=checkpoint_stop_ids(cfg.model),
         record_routes=cfg.algorithm.routing_replay,
+        expert_parallel=lay.engine_ep,
     )
     return engine
 

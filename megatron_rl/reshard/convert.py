@@ -124,14 +124,16 @@ def engine_vocab_rows(spec: ModelSpec, engine_tp: int) -> int:
     return padded // engine_tp
 
 
-def check_engine_tp(spec: ModelSpec, engine_tp: int) -> None:
+def check_engine_tp(spec: ModelSpec, engine_tp: int, engine_ep: bool = False) -> None:
     """Refuse an engine TP that vLLM cannot shard this model at (the layout's own rule), naming it."""
-    problems = engine_problems(engine_tp, spec)
+    problems = engine_problems(engine_tp, spec, engine_ep)
     if problems:
         raise ValueError(f"{problems[0]}; pick another engine_tp")
 
 
-def _vllm_layer_layouts(spec: ModelSpec, i: int, etp: int, t: int) -> list[TensorLayout]:
+def _vllm_layer_layouts(
+    spec: ModelSpec, i: int, etp: int, t: int, engine_ep: bool = False
+) -> list[TensorLayout]:
     # vLLM's parameter names and HF's share the layer prefix.
     h = p = f"model.layers.{i}."
     hd = spec.head_dim
@@ -160,7 +162,7 @@ def _vllm_layer_layouts(spec: ModelSpec, i: int, etp: int, t: int) -> list[Tenso
         _layout(spec, p + "self_attn.o_proj.weight", o, 1, [Segment(o, t * q_l, q_l)]),
         whole(p + "post_attention_layernorm.weight", h + "post_attention_layernorm.weight"),
     ]
-    return out + (_vllm_experts(spec, i, etp, t) if spec.is_moe else _vllm_mlp(spec, i, etp, t))
+    return out + (_vllm_experts(spec, i, etp, t, engine_ep) if spec.is_moe else _vllm_mlp(spec, i, etp, t))
 
 
 def _vllm_mlp(spec: ModelSpec, i: int, etp: int, t: int) -> list[TensorLayout]:
@@ -179,29 +181,34 @@ def _vllm_mlp(spec: ModelSpec, i: int, etp: int, t: int) -> list[TensorLayout]:
     ]
 
 
-def _vllm_experts(spec: ModelSpec, i: int, etp: int, t: int) -> list[TensorLayout]:
-    """vLLM's fused MoE at engine TP (no engine EP): a replicated router `mlp.gate`, and per layer
+def _vllm_experts(spec: ModelSpec, i: int, etp: int, t: int, engine_ep: bool = False) -> list[TensorLayout]:
+    """vLLM's fused MoE at engine TP: a replicated router `mlp.gate`, and per layer
     `experts.routed_experts.w13_weight` [E, 2I/tp, H] (each expert's [gate_r; up_r]) and
     `...w2_weight` [E, H, I/tp] (the names vLLM 0.32's Qwen3-MoE holds: its FusedMoE is a runner whose
     weights sit in a `routed_experts` module). Each expert's slice is one tensor here, named
-    `w13_weight[e]` (rollout/weights.py `indexed`), so every layout stays runs of HF rows along one dim."""
+    `w13_weight[e]` (rollout/weights.py `indexed`), so every layout stays runs of HF rows along one dim.
+
+    With `engine_ep` (vLLM's `enable_expert_parallel`, its linear placement), engine rank t holds experts
+    t*E/tp .. (t+1)*E/tp - 1 whole, as local indices 0..E/tp - 1."""
     h = f"model.layers.{i}.mlp."
-    f_l = spec.moe_ffn_hidden_size // etp
-    out = [
-        _layout(
-            spec, h + "gate.weight", h + "gate.weight", 0, [Segment(h + "gate.weight", 0, spec.num_experts)]
-        )
-    ]
-    for e in range(spec.num_experts):
-        gate, up, down = (f"{h}experts.{e}.{x}_proj.weight" for x in ("gate", "up", "down"))
+    per = spec.num_experts // etp if engine_ep else spec.num_experts
+    first = t * per if engine_ep else 0
+    f = spec.moe_ffn_hidden_size if engine_ep else spec.moe_ffn_hidden_size // etp
+    start = 0 if engine_ep else t * f
+    router = h + "gate.weight"
+    out = [_layout(spec, router, router, 0, [Segment(router, 0, spec.num_experts)])]
+    for local in range(per):
+        gate, up, down = (f"{h}experts.{first + local}.{x}_proj.weight" for x in ("gate", "up", "down"))
         out += [
-            _layout(spec, f"{h}{VLLM_EXPERTS}w13_weight[{e}]", gate, 0, [Segment(gate, t * f_l, f_l), Segment(up, t * f_l, f_l)]),
-            _layout(spec, f"{h}{VLLM_EXPERTS}w2_weight[{e}]", down, 1, [Segment(down, t * f_l, f_l)]),
+            _layout(spec, f"{h}{VLLM_EXPERTS}w13_weight[{local}]", gate, 0, [Segment(gate, start, f), Segment(up, start, f)]),
+            _layout(spec, f"{h}{VLLM_EXPERTS}w2_weight[{local}]", down, 1, [Segment(down, start, f)]),
         ]  # fmt: skip
     return out
 
 
-def engine_layouts(spec: ModelSpec, delivery: str, engine_tp: int, rank: int) -> list[TensorLayout]:
+def engine_layouts(
+    spec: ModelSpec, delivery: str, engine_tp: int, rank: int, engine_ep: bool = False
+) -> list[TensorLayout]:
     """The tensors one engine rank receives, in delivery order (same names on every engine rank)."""
     if delivery == "loader":
         out = []
@@ -211,12 +218,12 @@ def engine_layouts(spec: ModelSpec, delivery: str, engine_tp: int, rank: int) ->
         return out
     if delivery != "inplace":
         raise ValueError(f"reshard delivery {delivery!r} is not one of {DELIVERIES}")
-    check_engine_tp(spec, engine_tp)
+    check_engine_tp(spec, engine_tp, engine_ep)
     rows = engine_vocab_rows(spec, engine_tp)
     emb = "model.embed_tokens.weight"
     out = [_layout(spec, emb, emb, 0, _vocab_segments(emb, rank * rows, rows, spec.vocab_size))]
     for i in range(spec.num_layers):
-        out += _vllm_layer_layouts(spec, i, engine_tp, rank)
+        out += _vllm_layer_layouts(spec, i, engine_tp, rank, engine_ep)
     out.append(
         _layout(
             spec,

@@ -253,7 +253,7 @@ def build_plan(
     problems = rules.size_problems(layout) or [
         p
         for p in rules.trainer_problems(layout, spec)
-        + rules.engine_problems(layout.engine_tp, spec)
+        + rules.engine_problems(layout.engine_tp, spec, layout.engine_ep)
         + rules.placement_problems(layout)
         if p.kind == "recipe"
     ]
@@ -314,7 +314,7 @@ def build_plan(
     # Engine side, tensor by tensor across all engine ranks (keeps every rank busy in every bucket).
     e_ranks = engine_ranks(layout)
     by_tp = {
-        t: {lay.name: lay for lay in engine_layouts(spec, delivery, layout.engine_tp, t)}
+        t: {lay.name: lay for lay in engine_layouts(spec, delivery, layout.engine_tp, t, layout.engine_ep)}
         for t in range(layout.engine_tp)
     }  # layouts depend on the engine TP rank only; engines share them
     targets = {r: by_tp[layout.engine_coord(r).tp] for r in e_ranks}

@@ -105,6 +105,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         checkpoint_stop_ids: Sequence[int] = (),
         record_routes: bool = False,
+        expert_parallel: bool = False,
     ):
         """`checkpoint_stop_ids`: the end ids of the model's checkpoint (models/checkpoint.py
         `stop_token_ids`), stopped at besides `cfg.stop_token_ids`. The caller reads them once: the
@@ -137,6 +138,8 @@ class VLLMEngine:
         if record_routes:
             if not self.num_experts:
                 raise ValueError("record_routes needs a mixture-of-experts model; this one is dense")
+        if expert_parallel and not self.on_gpu:
+            raise ValueError("expert-parallel engines (layout.engine_ep) are a GPU feature of vLLM")
         if self.num_experts and not self.on_gpu and tp > 1:
             raise ValueError(
                 "a mixture-of-experts engine on the CPU build runs at TP 1 (rollout/moe_reload.py repacks whole "
@@ -170,6 +173,9 @@ class VLLMEngine:
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = True
+            if expert_parallel:  # layout.engine_ep: whole experts per rank, vLLM's linear placement
+                kwargs["enable_expert_parallel"] = True
+                kwargs["expert_placement_strategy"] = "linear"  # what reshard/convert.py lays experts out for
             if self.num_experts:
                 # In-place delivery writes each expert's [gate_r; up_r] and down columns as the Triton
                 # fused-MoE kernel holds them; other backends re-lay the weights at load (FlashInfer swaps

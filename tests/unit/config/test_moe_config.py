@@ -93,6 +93,8 @@ def test_a_moe_recipe_without_a_checkpoint_validates_and_states_its_experts():
         ([*MOE, "layout.ep=2"], "layout.sequence_parallel"),  # TP2 without sequence parallelism
         ([*MOE, "layout.sequence_parallel=true"], "layout.sequence_parallel"),  # none on the CPU build
         (["algorithm.routing_replay=true"], "algorithm.routing_replay"),  # a dense model has no experts
+        ([*MOE, *TP1, "layout.engine_ep=true"], "layout.engine_ep"),  # expert-parallel engines: GPU only
+        (["layout.engine_ep=true"], "layout.engine_ep"),  # a dense model
         (
             [*MOE, *TP1, "layout.engine_tp=2", "layout.engine_count=1"],
             "layout.engine_tp",
@@ -172,3 +174,14 @@ def test_a_moe_checkpoint_fills_the_recipe(tmp_path):
     )
     problems = [p for p in check_recipe(recipe) if p.key == "model.num_experts"]
     assert problems and "config.json says" in problems[0].message
+
+
+def test_expert_parallel_engines_need_experts_the_engine_tp_divides():
+    from megatron_rl.layout_rules import engine_problems
+
+    assert engine_problems(2, QWEN3_MOE_TINY, engine_ep=True) == []
+    for tp in (3, 8):  # neither divides the 4 experts (nor the heads; each rule is named)
+        problems = engine_problems(tp, QWEN3_MOE_TINY, engine_ep=True)
+        assert any("must divide model.num_experts=4 with layout.engine_ep" in p.message for p in problems)
+    # Without expert parallelism it is the experts' FFN width (64) that engine TP must divide.
+    assert not any("num_experts" in p.message for p in engine_problems(8, QWEN3_MOE_TINY))

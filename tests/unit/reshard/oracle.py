@@ -36,7 +36,9 @@ def _kv(full: torch.Tensor, groups: int, etp: int, t: int) -> torch.Tensor:
     return full.chunk(groups, 0)[t // (etp // groups)]  # one KV head, replicated over etp/groups ranks
 
 
-def vllm_shard(spec, hf: dict[str, torch.Tensor], name: str, etp: int, t: int) -> torch.Tensor:
+def vllm_shard(
+    spec, hf: dict[str, torch.Tensor], name: str, etp: int, t: int, engine_ep: bool = False
+) -> torch.Tensor:
     """What vLLM's loader puts into parameter `name` of TP rank t, given whole HF tensors."""
     if name == "model.embed_tokens.weight":
         return _vocab_rows(hf[name], spec.vocab_size, etp, t)
@@ -61,8 +63,11 @@ def vllm_shard(spec, hf: dict[str, torch.Tensor], name: str, etp: int, t: int) -
     if "routed_experts.w13_weight[" in name or "routed_experts.w2_weight[" in name:
         # FusedMoE at TP without EP (`FusedMoE.weight_loader`): w13[e] = [gate_e chunk t; up_e chunk t]
         # along the FFN rows, w2[e] = down_e's columns chunk t.
+        # With expert parallelism (`determine_expert_map`, linear): rank t holds experts t*E/tp.. whole.
         layer = name.split(".mlp.")[0]
         e = int(name.rsplit("[", 1)[1].rstrip("]"))
+        if engine_ep:
+            e, etp, t = t * (spec.num_experts // etp) + e, 1, 0
         x = f"{layer}.mlp.experts.{e}."
         if "w13_weight" in name:
             return torch.cat(
@@ -72,7 +77,7 @@ def vllm_shard(spec, hf: dict[str, torch.Tensor], name: str, etp: int, t: int) -
     return hf[name]  # norms and the MoE router: replicated
 
 
-def vllm_names(spec) -> list[str]:
+def vllm_names(spec, experts: int | None = None) -> list[str]:
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     if not spec.tie_word_embeddings:
         names.append("lm_head.weight")
@@ -88,7 +93,7 @@ def vllm_names(spec) -> list[str]:
             names.append(p + "mlp.gate.weight")
             names += [
                 f"{p}mlp.experts.routed_experts.{w}[{e}]"
-                for e in range(spec.num_experts)
+                for e in range(spec.num_experts if experts is None else experts)
                 for w in ("w13_weight", "w2_weight")
             ]
         else:
@@ -100,10 +105,13 @@ def vllm_names(spec) -> list[str]:
     return names
 
 
-def expected_engine_tensors(spec, hf, delivery: str, etp: int, t: int) -> dict[str, torch.Tensor]:
+def expected_engine_tensors(
+    spec, hf, delivery: str, etp: int, t: int, engine_ep: bool = False
+) -> dict[str, torch.Tensor]:
     if delivery == "loader":
         return dict(hf)
-    return {n: vllm_shard(spec, hf, n, etp, t) for n in vllm_names(spec)}
+    experts = spec.num_experts // etp if engine_ep else None
+    return {n: vllm_shard(spec, hf, n, etp, t, engine_ep) for n in vllm_names(spec, experts)}
 
 
 def megatron_shard(spec, hf, name: str, tp: int, rank: int, padded_vocab: int) -> torch.Tensor:

@@ -100,6 +100,11 @@ MOE_CASES = [
     ]
     for d in ("inplace", "loader")
 ]  # fmt: skip
+# Expert-parallel engines (layout.engine_ep): each engine rank holds 4 / engine_tp whole experts.
+MOE_CASES += [
+    (QWEN3_MOE_TINY, ParallelLayout(tp=1, pp=pp, dp=dp, ep=ep, engine_tp=et, engine_count=n, engine_ep=True), "inplace")
+    for (pp, dp, ep, et, n) in [(1, 4, 2, 2, 2), (1, 4, 4, 4, 1), (2, 2, 2, 2, 2)]
+]  # fmt: skip
 CASES += MOE_CASES
 
 
@@ -109,7 +114,9 @@ def test_plan_delivers_exactly_the_engine_slices(spec, lay, delivery):
     plan = build_plan(lay, spec, delivery, Links(gpus_per_node=2), 4)
     got = simulate(plan, hf)
     for r, tensors in got.items():
-        want = expected_engine_tensors(spec, hf, delivery, lay.engine_tp, lay.engine_coord(r).tp)
+        want = expected_engine_tensors(
+            spec, hf, delivery, lay.engine_tp, lay.engine_coord(r).tp, lay.engine_ep
+        )
         assert set(tensors) == set(want)
         for name, t in tensors.items():
             assert bytes_equal(t, want[name]), (r, name)
