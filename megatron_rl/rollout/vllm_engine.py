@@ -138,6 +138,8 @@ class VLLMEngine:
         if record_routes:
             if not self.num_experts:
                 raise ValueError("record_routes needs a mixture-of-experts model; this one is dense")
+            config = json.loads((model_dir / "config.json").read_text())
+            self.routes = EngineRoutes(config, self.on_gpu, self.max_model_len)
         if expert_parallel and not self.on_gpu:
             raise ValueError("expert-parallel engines (layout.engine_ep) are a GPU feature of vLLM")
         if self.num_experts and not self.on_gpu and tp > 1:
@@ -145,8 +147,6 @@ class VLLMEngine:
                 "a mixture-of-experts engine on the CPU build runs at TP 1 (rollout/moe_reload.py repacks whole "
                 "experts after each publication); use more engines instead"
             )
-            config = json.loads((model_dir / "config.json").read_text())
-            self.routes = EngineRoutes(config, self.on_gpu, self.max_model_len)
         prepare_env()
 
         kwargs: dict = dict(
