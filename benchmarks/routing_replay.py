@@ -71,6 +71,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     _world1()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    with tempfile.TemporaryDirectory(prefix="routing-replay-") as tmp:
+        return _measure(args, Path(tmp))
+
+
+def _measure(args, tmp: Path) -> dict:
+    """The run itself, its checkpoints under `tmp` (removed afterwards)."""
     from megatron_rl.checkpoint.export import write_hf
     from megatron_rl.config.schema import ModelConfig
     from megatron_rl.layout import ParallelLayout
@@ -82,7 +89,6 @@ def main(argv: list[str] | None = None) -> dict:
     from megatron_rl.trainer.policy import OptimSettings, Policy
     from tests.integration.rollout.cases import rollout_cfg
 
-    tmp = Path(tempfile.mkdtemp(prefix="routing-replay-"))
     fixture = build_fixture("qwen3_moe", tmp / "fixture")
     spec = ModelSpec.from_config(ModelConfig(hf_checkpoint=str(fixture), params_dtype="fp32"))
     state = init_parallel(ParallelLayout.over(1))
