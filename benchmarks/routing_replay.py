@@ -36,30 +36,6 @@ def _world1() -> None:
     os.environ.setdefault("MASTER_PORT", "29617")
 
 
-def _own_routes(policy, seqs, plens) -> list[torch.Tensor]:
-    """The experts the trainer's own routers choose per position and layer (a forward hook on each router)."""
-    seen: dict[int, torch.Tensor] = {}
-    hooks = []
-    for layer in policy.model.decoder.layers:
-
-        def hook(_m, _inp, out, _i=layer.layer_number - 1):
-            seen[_i] = out[1]  # routing_map [tokens (s-major), experts], bool
-
-        hooks.append(layer.mlp.router.register_forward_hook(hook))
-    out = []
-    try:
-        for s, p in zip(seqs, plens):
-            seen.clear()
-            policy.logprobs([s], [p])
-            n, k = len(s), policy.spec.moe_topk
-            per_layer = [seen[i][: n - 1].nonzero()[:, 1].view(n - 1, k) for i in sorted(seen)]
-            out.append(torch.stack(per_layer, 1))
-    finally:
-        for h in hooks:
-            h.remove()
-    return out
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--updates", type=int, default=4)
@@ -120,11 +96,11 @@ def _measure(args, tmp: Path) -> dict:
         diffs = torch.cat([(a - b).abs() for a, b in zip(got, engine_lp)])
         report[mode] = {"mismatch_mean": float(diffs.mean()), "mismatch_max": float(diffs.max()),
                         "tokens": int(diffs.numel())}  # fmt: skip
-    own = _own_routes(policy, seqs, plens)
+    own = _routes_used(policy, seqs, plens)
     differ = [(o.sort(-1).values != r.long().sort(-1).values).any(-1) for o, r in zip(own, routes)]
     report["routes_differ_share"] = float(torch.cat([d.flatten() for d in differ]).float().mean())
     # The replayed forward's own routing map, per token and layer, against the engine's routes.
-    replayed = _replayed_routes(policy, seqs, plens, routes)
+    replayed = _routes_used(policy, seqs, plens, routes)
     report["replayed_equals_engine"] = all(
         torch.equal(a.sort(-1).values, r.long().sort(-1).values) for a, r in zip(replayed, routes)
     )
@@ -135,8 +111,9 @@ def _measure(args, tmp: Path) -> dict:
     return report
 
 
-def _replayed_routes(policy, seqs, plens, routes) -> list[torch.Tensor]:
-    """The experts each router used in replayed forwards (the routing map a hook reads), per sequence."""
+def _routes_used(policy, seqs, plens, routes=None) -> list[torch.Tensor]:
+    """The experts each router used per position and layer, read off its routing map by a forward hook:
+    the trainer's own choice, or with `routes` the replayed one. One sequence per forward."""
     seen: dict[int, torch.Tensor] = {}
     hooks = [
         layer.mlp.router.register_forward_hook(lambda _m, _i, out, _l=layer.layer_number - 1: seen.__setitem__(_l, out[1]))
@@ -144,9 +121,9 @@ def _replayed_routes(policy, seqs, plens, routes) -> list[torch.Tensor]:
     ]  # fmt: skip
     out = []
     try:
-        for s, p, r in zip(seqs, plens, routes):
+        for j, (s, p) in enumerate(zip(seqs, plens)):
             seen.clear()
-            policy.logprobs([s], [p], routes=[r])
+            policy.logprobs([s], [p], routes=None if routes is None else [routes[j]])
             n, k = len(s), policy.spec.moe_topk
             out.append(
                 torch.stack([seen[i][: n - 1].nonzero()[:, 1].view(n - 1, k) for i in sorted(seen)], 1)

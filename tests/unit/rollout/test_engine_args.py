@@ -19,3 +19,28 @@ def test_dtype_is_explicit_never_auto(tmp_path):
         engine_dtype(tmp_path, None)
     with pytest.raises(ValueError, match="engine dtype must be one of"):
         engine_dtype(tmp_path, "auto")
+
+
+def test_moe_engine_settings_the_cpu_build_cannot_serve_are_refused_before_vllm_starts(tmp_path):
+    """A CPU MoE engine at TP 2, an expert-parallel one, and route recording on a dense model: each is
+    refused by name before any vLLM engine is built (the model folder holds a config.json only)."""
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU-build refusals")
+    from megatron_rl.models.tiny import hf_config
+    from megatron_rl.rollout.vllm_engine import VLLMEngine
+    from tests.helpers.specs import QWEN2_TINY, QWEN3_MOE_TINY
+    from tests.integration.rollout.cases import rollout_cfg
+
+    moe, dense = tmp_path / "moe", tmp_path / "dense"
+    hf_config(QWEN3_MOE_TINY).save_pretrained(moe)
+    hf_config(QWEN2_TINY).save_pretrained(dense)
+    cfg = rollout_cfg()
+    with pytest.raises(ValueError, match="runs at TP 1"):
+        VLLMEngine(cfg, moe, tp=2)
+    with pytest.raises(ValueError, match="GPU feature"):
+        VLLMEngine(cfg, moe, expert_parallel=True)
+    with pytest.raises(ValueError, match="this one is dense"):
+        VLLMEngine(cfg, dense, record_routes=True)
