@@ -33,6 +33,7 @@ from megatron_rl.models.resolve import (
     resolve_model,
     tokenizer_problems,
 )
+from megatron_rl.rollout.agreement import agreement_problems
 from megatron_rl.rollout.convention import convention_problems, full_vocab_problem
 from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 
@@ -287,6 +288,8 @@ def check_recipe(cfg: RecipeConfig, read_data: bool = True) -> list[Problem]:
             "with in-place delivery) the engines discard its weights while training; set "
             "rollout.sleep_level=1 (weights kept on the host) or use stop/retry",
         )
+
+    out += agreement_problems(cfg)  # thresholds for the dtype pair, the probe's length
 
     if cl.gpu == "cpu" and cfg.layout.engine_ep:
         bad(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from megatron_rl.config.choices import (
+    DISAGREEMENT_ACTIONS,
     FAMILIES,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
@@ -40,6 +41,8 @@ ENUMS = {
     "algorithm.old_logprobs": OLD_LOGPROBS,
     "rollout.engine": ("vllm",),
     "rollout.on_refused_publication": REFUSAL_POLICIES,
+    "rollout.on_logprob_disagreement": DISAGREEMENT_ACTIONS,
+    "rollout.dtype": ("", *RECIPE_DTYPES),
     "rollout.sleep_level": SLEEP_LEVELS,
     "reward.kind": REWARD_KINDS,
     "reward.mode": REWARD_MODES,
@@ -98,7 +101,10 @@ NUMERIC: dict[str, tuple] = {
     "rollout.gpu_memory_utilization": FRACTION,
     "rollout.kv_cache_bytes": GE0,
     "rollout.seed": GE0,
-    "rollout.logprob_check_threshold": GT0,
+    "rollout.logprob_max_gap": GE0,
+    "rollout.logprob_mean_gap": GE0,
+    "rollout.logprob_probe_prompts": (0, 64, True, True),
+    "rollout.logprob_probe_tokens": (1, 256, True, True),
     "rollout.max_refused_publications": GE1,
     "rollout.max_staleness": GE0,
     "rollout.oversample": GE1,

@@ -32,7 +32,8 @@ from megatron_rl.checkpoint.preempt import EXIT_REQUEUE, Preemption
 from megatron_rl.config.load import load_recipe
 from megatron_rl.loop import components, engine_pool, old_policy
 from megatron_rl.loop.feed import Feed
-from megatron_rl.loop.publication import RefusalPolicy
+from megatron_rl.loop.probe import step_problems
+from megatron_rl.loop.publication import PublicationRefused
 from megatron_rl.loop.rl_batch import (
     advantages_with_kl,
     assign,
@@ -80,14 +81,15 @@ def main(argv: list[str] | None = None) -> int:
         task = components.build_task(cfg)
         engine = colocated[1] if colocated else None
         publisher = components.build_publisher(cfg, procs.layout, engine, group=procs.job_group)
-        refusals = RefusalPolicy(publisher, ro.on_refused_publication, ro.max_refused_publications)
+        refusals = components.build_refusals(cfg, publisher)  # what a refused or disagreeing version does
+        prober = components.build_prober(cfg, procs, run.timer, policy=policy, engine=engine)
         checkpointer = components.build_checkpointer(cfg, procs, run.name)
         save_every = components.checkpoint_interval(cfg)
         # 0 unless a checkpoint is found; with partial rollouts, the groups it carried into its next batch
         start, carried = components.resume(cfg, procs, run, policy, reference, task)
         preemption = Preemption(procs.cpu_group)
     publisher.next_version = start + 1  # step s samples from version s + 1 (at most k older when async)
-    feed = Feed(cfg, procs, run, policy, task, refusals, start, colocated, carried)
+    feed = Feed(cfg, procs, run, policy, task, refusals, start, colocated, carried, prober)
     temp = components.trainer_temperature(ro)  # trainer log-probs follow the engine's convention
     if start >= cfg.steps:
         run.say(
@@ -95,12 +97,14 @@ def main(argv: list[str] | None = None) -> int:
             "or start afresh with checkpoint.resume=none and another MEGATRON_RL_RUN_NAME"
         )
     run.start_progress(start)
-    preempted = False
+    preempted, halt = False, ""
 
     for step in range(start, cfg.steps):
         # 0. publish: colocated, hand the device to the engine (the trainer offloads, the engine wakes, the
-        #    policy lands); separated, send it to the engine pool. A refused version never lands: the active
-        #    one keeps serving (RefusalPolicy). Asynchronous, the engines already drew this step's batch.
+        #    policy lands); separated, send it to the engine pool. Before it serves, the engines and the trainer
+        #    score a fixed probe: a version whose log-probs disagree (a conversion bug the checksums cannot
+        #    see) is refused like one whose bytes failed. A refused version never serves: the previous one
+        #    keeps serving (RefusalPolicy). Asynchronous, the engines already drew this step's batch.
         with run.phase("publish"):
             publication = feed.publish(step)
 
@@ -133,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             # The engine sampled with the version these old log-probs come from: they must agree.
             agreement = compare(
-                [samples[i] for i in mine], [old[i] for i in mine], ro.logprob_check_threshold, newest
+                [samples[i] for i in mine], [old[i] for i in mine], refusals.thresholds.max_gap, newest
             )
         elif source == old_policy.ENGINE:
             old = {i: torch.tensor(samples[i].logprobs, dtype=torch.float32) for i in mine}
@@ -178,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             if agreement is None:
                 out, forward = out
-                agreement = compare([samples[i] for i in idx], forward, ro.logprob_check_threshold, newest)
+                agreement = compare([samples[i] for i in idx], forward, refusals.thresholds.max_gap, newest)
             train_metrics.append(out)
         feed.after_train(step)  # asynchronous: the batch the engines drew meanwhile, k steps ahead
 
@@ -186,12 +190,20 @@ def main(argv: list[str] | None = None) -> int:
         # groups only), that version is older than the trainer's: it then measures that drift too, not only
         # engine/trainer numerics (exact on lag-0 versions).
         agreement["version_lag"] = feed.lag_of(agreement["version"], step)
+        # The step's agreement acts as the probe does (rollout.on_logprob_disagreement): it cannot unserve the
+        # batch it measured, so a refusal counts toward max_refused_publications; `stop` ends the run now.
+        problems = step_problems(agreement, refusals.thresholds, procs.cpu_group)
+        halt = refusals.after_step(step, agreement["version"], problems)
+        agreement["problems"] = problems
         metrics = step_metrics(samples, stats, agreement, train_metrics, publication, run)
         extra = {"sampling_rounds": rounds, "old_logprobs": source, "version_lag": lag}
         extra["rollout_wait_s"] = feed.take_wait()  # separated: the trainer idle, waiting on the engines
         run.record(step + 1, {**metrics, **extra})
         preempted = preemption.requested()
         checkpointer.poll()
+        if halt:  # nothing is saved from a step whose samples disagreed; the last checkpoint stays the newest
+            feed.stop(step)
+            break
         if components.save_due(save_every, cfg.steps, step + 1, preempted):
             position = feed.task_state(step + 1), step + 1, feed.carry_state(step + 1)
             state = components.run_state(cfg, procs.layout, *position)
@@ -207,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     # Every rank finishes its writes before any exits: srun --kill-on-bad-exit stops the others as soon as
     # one rank exits non-zero (EXIT_REQUEUE included).
     torch.distributed.barrier(group=procs.job_cpu_group)
+    if halt:
+        raise PublicationRefused(halt if procs.is_main else 1)
     return EXIT_REQUEUE if preempted else 0
 
 

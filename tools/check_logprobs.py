@@ -7,8 +7,9 @@ init or model.hf_checkpoint) publishes through the reshard publisher into coloca
 started from config.json alone; the engines sample completions for random token prompts (their
 exact token ids and per-token log-probs are kept); the trainer scores the same tokens teacher-forced
 with the convention of rollout.logprobs_mode; rollout.logprob_check reports mean and max |diff|,
-the probability ratio exp(diff) (mean, p99, max) and the sequences beyond the threshold.
-Prints one JSON object (rank 0); exits 1 when any sequence is beyond the threshold.
+the probability ratio exp(diff) (mean, p99, max) and the sequences beyond the max threshold.
+Prints one JSON object (rank 0); exits 1 when the max or the mean |diff| is beyond the thresholds the
+recipe's dtypes set (rollout/agreement.py; `--threshold` sets the max one) -- the loop's own verdict.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -71,7 +73,10 @@ def main(argv: list[str]) -> int:
         "--samples", type=int, default=0, help="samples per prompt (default rollout.samples_per_prompt)"
     )
     ap.add_argument(
-        "--threshold", type=float, default=None, help="nats (default rollout.logprob_check_threshold)"
+        "--threshold",
+        type=float,
+        default=None,
+        help="max |diff| in nats (default: the recipe's, rollout/agreement.py; its mean threshold applies too)",
     )
     ap.add_argument("--delivery", default="loader", choices=["loader", "inplace"])
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
@@ -84,6 +89,7 @@ def main(argv: list[str]) -> int:
     from megatron_rl.models.spec import ModelSpec
     from megatron_rl.models.tiny import hf_config
     from megatron_rl.reshard.publish import Publisher
+    from megatron_rl.rollout.agreement import dtypes_of, problems, thresholds_of
     from megatron_rl.rollout.sink import VLLMEngineSink
     from megatron_rl.rollout.vllm_engine import VLLMEngine
     from megatron_rl.trainer.parallel import init_parallel
@@ -112,8 +118,7 @@ def main(argv: list[str]) -> int:
         )
     max_len = min(spec.max_position_embeddings, args.prompt_len + ro.max_new_tokens)
     model_dir = tempfile.TemporaryDirectory()  # config.json only; the publication brings the weights
-    dtype = hf_dtype_name(spec.params_dtype)
-    hf_config(spec, dtype).save_pretrained(model_dir.name)
+    hf_config(spec, hf_dtype_name(spec.params_dtype)).save_pretrained(model_dir.name)
     engine = VLLMEngine(
         ro,
         model_dir.name,
@@ -121,13 +126,17 @@ def main(argv: list[str]) -> int:
         seed=ro.seed,
         engine_index=st.layout.engine_coord(st.env.rank).engine,
         max_model_len=max_len,
+        dtype=hf_dtype_name(dtypes_of(rc)[1]),
     )
     pub = Publisher(st.layout, spec, sink=VLLMEngineSink(engine, args.delivery), delivery=args.delivery)
     sampling = SamplingSettings.from_config(ro)
     prompts = random_prompts(
         args.prompts, args.prompt_len, spec.vocab_size, seed=rc.seed + engine.engine_index
     )
-    threshold = ro.logprob_check_threshold if args.threshold is None else args.threshold
+    thresholds = thresholds_of(rc)
+    if args.threshold is not None:
+        thresholds = replace(thresholds, max_gap=args.threshold, source="--threshold (max)")
+    threshold = thresholds.max_gap
     out = publish_and_check(
         policy, engine, pub, prompts, args.samples or ro.samples_per_prompt, sampling, 0, threshold
     )
@@ -137,6 +146,8 @@ def main(argv: list[str]) -> int:
         publish_s=out["publish_s"],
         engine_stream=out["engine_stream"],
         **out["report"],
+        thresholds=thresholds.as_dict(),
+        problems=problems(out["report"], thresholds),
     )
     if dist.get_rank() == 0:
         print(json.dumps(result, indent=1))
@@ -144,7 +155,7 @@ def main(argv: list[str]) -> int:
             args.json.write_text(json.dumps(result, indent=1))
     dist.barrier()
     model_dir.cleanup()
-    return 1 if result["beyond_threshold"] else 0
+    return 1 if result["problems"] else 0
 
 
 if __name__ == "__main__":

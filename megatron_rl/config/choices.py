@@ -15,5 +15,7 @@ REFERENCE_PLACEMENTS = ("resident", "offload")
 REWARD_KINDS = ("sandbox", "function")
 REWARD_MODES = ("all_or_nothing", "fraction")
 REFUSAL_POLICIES = ("stop", "skip", "retry")
+# What a disagreement of the engines' and the trainer's log-probs does (rollout/agreement.py).
+DISAGREEMENT_ACTIONS = ("refuse", "stop", "warn")
 # Where the ratio's denominator comes from (megatron_rl/loop/old_policy.py).
 OLD_LOGPROBS = ("recompute", "engine", "auto")

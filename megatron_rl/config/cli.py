@@ -19,6 +19,7 @@ from megatron_rl.config.load import (
     to_yaml,
 )
 from megatron_rl.config.problem import Problem
+from megatron_rl.rollout.agreement import guard
 
 
 def _parser(prog: str, doc: str) -> argparse.ArgumentParser:
@@ -110,6 +111,7 @@ def _validate_json(args) -> int:
             "problems": [asdict(problem)],
             "notes": [],
             "stop_token_ids": None,
+            "agreement": None,
         }
         print(json.dumps(out, default=str))
         return 2
@@ -124,6 +126,7 @@ def _validate_json(args) -> int:
         "problems": [asdict(p) for p in blocking],
         "notes": notes(problems, "validate"),
         "stop_token_ids": resolved_stop_ids(recipe),
+        "agreement": None if blocking else guard(recipe),  # thresholds in force, the probe, what acts
     }
     print(json.dumps(out, default=str))
     return 0 if out["ok"] else 1
@@ -156,11 +159,19 @@ def validate(argv: list[str]) -> int:
     if conflict:
         print(f"error: {conflict.message}", file=sys.stderr)
         return 1
+    agreement = guard(recipe)
+    for why in agreement["unguarded"]:
+        print(f"warning: the publication is unguarded: {why}", file=sys.stderr)
     lay = recipe.layout
     print(
         f"ok: {recipe.name}: trainer tp{lay.tp} x pp{lay.pp} x dp{lay.dp}, {lay.engine_count} engines of tp"
         f"{lay.engine_tp} ({lay.placement}) on {recipe.cluster.nodes} x {recipe.cluster.gpus_per_node} "
         f"{recipe.cluster.gpu}"
+    )
+    t = agreement["thresholds"]
+    print(
+        f"agreement: {t['trainer_dtype']} trainer, {t['engine_dtype']} engine: max gap {t['max_gap']:.3g}, mean "
+        f"gap {t['mean_gap']:.3g} nats ({t['source']}); on disagreement: {agreement['action']}"
     )
     return 0
 

@@ -142,7 +142,22 @@ class RolloutConfig:
     sleep_level: int = 0  # 0 | 1 | 2
     enforce_eager: bool = True
     seed: int = 0
-    logprob_check_threshold: float = 0.5
+    # The engines' dtype: "" = the trainer's model.params_dtype; bf16 | fp16 | fp32 (e.g. a bf16 engine
+    # serving an fp32 trainer: the publication casts as it lands).
+    dtype: str = ""
+    # The engines' and the trainer's log-probs of the same tokens must agree (rollout/agreement.py): on a
+    # probe of every publication before it serves (loop/probe.py) and on every step's samples. Thresholds
+    # in nats on the max and the mean |trainer - engine|; 0 = set by the dtype pair (validate --json).
+    logprob_max_gap: float = 0.0
+    logprob_mean_gap: float = 0.0
+    # What a disagreement does: refuse = the version is refused like a failed publication (the previous
+    # one keeps serving; on_refused_publication decides what follows); stop = end the run; warn = report.
+    on_logprob_disagreement: str = "refuse"  # refuse | stop | warn
+    # The probe: this many fixed sequences of logprob_probe_tokens token ids (at most the engines' context),
+    # scored by every engine (a prefill) and by the trainer; 0 = no probe (a faulty version then serves a
+    # step before the step's own check sees it).
+    logprob_probe_prompts: int = 4
+    logprob_probe_tokens: int = 32
     # A refused publication (NaN/Inf weights, a corrupt, missing or duplicated tensor, a version that
     # does not increase) leaves the previous version serving. Then: stop = sample with it until
     # max_refused_publications refusals in a row, then end the run; skip = always sample with it (the

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from megatron_rl.models.dtypes import hf_dtype_name
 from megatron_rl.models.spec import ModelSpec
+from megatron_rl.rollout.agreement import dtypes_of, probe_shape, thresholds_of
 from megatron_rl.rollout.delivery import delivery_for
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def build_engine(cfg, procs: Processes, run_dir: Path):
         tp=lay.engine_tp,
         seed=cfg.rollout.seed,
         engine_index=engine_role(procs)[0],
-        dtype=hf_dtype_name(spec.params_dtype),
+        dtype=hf_dtype_name(dtypes_of(cfg)[1]),  # rollout.dtype, else the trainer's
         max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
         checkpoint_stop_ids=checkpoint_stop_ids(cfg.model),
         record_routes=cfg.algorithm.routing_replay,
@@ -101,7 +102,8 @@ def build_reward_pool(cfg, is_leader: bool):
 def build_publisher(cfg, layout: ParallelLayout, engine, group=None):
     """Reshard trainer shards into the engine's layout; the vLLM sink validates before activating.
     `engine` None: a separated job's trainer rank (it sends, holds no sink); `group`: the job group
-    there (loop/pools.py), the default group when colocated."""
+    there (loop/pools.py), the default group when colocated. When a disagreeing probe refuses a version,
+    the sink keeps the one it replaces until the probe's verdict (rollout/sink.py `keep_previous`)."""
     from megatron_rl.reshard.plan import Links
     from megatron_rl.reshard.publish import Publisher
     from megatron_rl.rollout.sink import VLLMEngineSink
@@ -109,13 +111,55 @@ def build_publisher(cfg, layout: ParallelLayout, engine, group=None):
     spec = ModelSpec.from_config(cfg.model)
     links = Links.from_cluster(cfg.cluster)
     delivery = delivery_for(engine.on_gpu if engine is not None else torch.cuda.is_available())
+    keep = probing(cfg) and cfg.rollout.on_logprob_disagreement == "refuse"
     return Publisher(
         layout,
         spec,
-        sink=VLLMEngineSink(engine, delivery=delivery) if engine is not None else None,
+        sink=VLLMEngineSink(engine, delivery=delivery, keep_previous=keep) if engine is not None else None,
         delivery=delivery,
         links=links,
         group=group,
+    )
+
+
+def build_refusals(cfg, publisher):
+    """What a refused or disagreeing publication does (loop/publication.py), with the agreement thresholds
+    the recipe's dtypes set (rollout/agreement.py)."""
+    from megatron_rl.loop.publication import RefusalPolicy
+
+    ro = cfg.rollout
+    return RefusalPolicy(
+        publisher,
+        ro.on_refused_publication,
+        ro.max_refused_publications,
+        ro.on_logprob_disagreement,
+        thresholds_of(cfg),
+    )
+
+
+def probing(cfg) -> bool:
+    return cfg.rollout.logprob_probe_prompts > 0
+
+
+def build_prober(cfg, procs: Processes, timer, policy=None, engine=None):
+    """The log-prob probe of every publication (loop/probe.py), or None with rollout.logprob_probe_prompts=0.
+    `policy`: on trainer ranks; `engine`: on ranks that hold part of an engine."""
+    if not probing(cfg):
+        return None
+    from megatron_rl.loop.probe import Prober, probe_sequences
+
+    spec = ModelSpec.from_config(cfg.model)
+    index, leader = engine_role(procs) if engine is not None else (-1, False)
+    count, length = probe_shape(cfg)  # reads rollout.logprob_probe_tokens
+    return Prober(
+        probe_sequences(spec.vocab_size, count, length, cfg.seed),
+        thresholds_of(cfg),
+        procs.job_cpu_group,
+        engine=engine,
+        engine_index=index,
+        is_leader=leader,
+        policy=policy,
+        timer=timer,
     )
 
 

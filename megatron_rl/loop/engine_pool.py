@@ -27,7 +27,6 @@ import torch.distributed as dist
 from megatron_rl.loop import components, schedule
 from megatron_rl.loop.collect import collect_batch
 from megatron_rl.loop.feed import STOP, control
-from megatron_rl.loop.publication import RefusalPolicy
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,8 @@ def serve(cfg, procs, run) -> int:
         task = components.build_task(cfg)
         pool = components.build_reward_pool(cfg, is_leader)
         publisher = components.build_publisher(cfg, procs.layout, engine, group=procs.job_group)
-        refusals = RefusalPolicy(publisher, ro.on_refused_publication, ro.max_refused_publications)
+        refusals = components.build_refusals(cfg, publisher)
+        prober = components.build_prober(cfg, procs, run.timer, engine=engine)
     box = [None, None, None]
     dist.broadcast_object_list(box, src=0, group=procs.job_cpu_group)  # from the trainer's Feed
     start, task_state, carry = box  # carry: rollout.partial's carried groups, else None
@@ -54,7 +54,7 @@ def serve(cfg, procs, run) -> int:
                 break
             if schedule.publish_due(step, start, k, cfg.steps):
                 with run.phase("publish"):
-                    refusals.publish(list, step)  # an engine rank sends nothing
+                    refusals.publish(list, step, prober)  # an engine rank sends nothing
             due = schedule.batches_before_train(step, start, k, cfg.steps)
             for t in due + schedule.batches_after_train(step, k, cfg.steps):
                 collect_batch(

@@ -17,6 +17,7 @@ are neither lost nor drawn twice.
 from __future__ import annotations
 
 import copy
+import os
 import time
 from functools import partial
 
@@ -25,16 +26,26 @@ import torch.distributed as dist
 from megatron_rl.loop import schedule
 from megatron_rl.loop.carry import carry_from_record, carry_record
 from megatron_rl.loop.collect import collect_batch
+from megatron_rl.reshard.faults import ENV as FAULT_ENV
+from megatron_rl.reshard.faults import FaultInjector
 
 GO, STOP = "go", "stop"
 
 
 class Feed:
-    def __init__(self, cfg, procs, run, policy, task, refusals, start: int, colocated=None, carried=None):
+    def __init__(
+        self, cfg, procs, run, policy, task, refusals, start: int, colocated=None, carried=None, prober=None
+    ):
         """`colocated`: (timeshare, engine, engine_index, is_leader, reward_pool) of a colocated rank;
-        None on a separated job's trainer rank. `carried`: the carry a resumed checkpoint saved (records)."""
+        None on a separated job's trainer rank. `carried`: the carry a resumed checkpoint saved (records).
+        `prober`: the log-prob probe of every activated version, before it serves (loop/probe.py)."""
         self.cfg, self.procs, self.run, self.policy, self.task = cfg, procs, run, policy, task
-        self.refusals, self.start, self.colocated = refusals, start, colocated
+        self.refusals, self.start, self.colocated, self.prober = refusals, start, colocated, prober
+        self.faults = (
+            FaultInjector.from_env(policy.spec, procs.state.tp) if os.environ.get(FAULT_ENV) else None
+        )
+        if self.faults is not None:
+            run.say(f"{FAULT_ENV} is set: publications {self.faults.plan} are made faulty on purpose")
         self.k = schedule.staleness(cfg.layout, cfg.rollout)
         self.batches: dict[int, tuple] = {}  # step -> (samples, stats, rounds), drawn, not yet trained
         self.task_states: dict[int, tuple] = {}  # step -> (task state, carry) before its batch was drawn
@@ -54,7 +65,10 @@ class Feed:
     def publish(self, step: int):
         """The policy of `step` goes to the engines. Returns the publication's result; None where none is
         due (asynchronous, the last k steps: no batch would be drawn with it)."""
-        publish = partial(self.refusals.publish, self.policy.named_parameters_global, step)
+        named = self.policy.named_parameters_global
+        if self.faults is not None:  # tests and benchmarks/agreement.py only (reshard/faults.py)
+            named = self.faults.wrap(named, lambda: self.refusals.publisher.next_version)
+        publish = partial(self.refusals.publish, named, step, self._probe())
         if self.colocated is not None:
             result = self.colocated[0].to_rollout(publish)
         else:
@@ -63,6 +77,17 @@ class Feed:
         if result is not None and result.activated:
             self.published_at[result.version] = step
         return result
+
+    def _probe(self):
+        """The probe as the publication calls it: colocated, the engine first wakes its KV cache."""
+        if self.prober is None or self.colocated is None:
+            return self.prober
+
+        def probe(version: int):
+            self.colocated[0].ready_to_serve()
+            return self.prober(version)
+
+        return probe
 
     def batch(self, step: int) -> tuple:
         """Step `step`'s scored samples, their CollectStats and the sampling rounds drawn."""

@@ -166,6 +166,8 @@ def step_metrics(
             "bytes_local": int(publication.stats.local),
             "bytes_staged": int(publication.bytes_staged),
             "seconds": float(publication.seconds.get("total", 0.0)),
+            # the log-prob probe of the version activated, before it served (loop/probe.py); None without
+            "probe": publication.probe,
         },
     }
 

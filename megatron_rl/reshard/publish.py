@@ -80,6 +80,7 @@ class InMemorySink:
         self._active: dict[str, torch.Tensor] = {}
         self._retired: dict[str, torch.Tensor] = {}
         self.active_version: int | None = None
+        self._previous: tuple[int, dict[str, torch.Tensor]] | None = None  # what activation replaced
 
     def stage(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
         if version in self._staged:
@@ -91,10 +92,21 @@ class InMemorySink:
 
     def activate(self, version: int) -> None:
         self._retired, self._active = self._active, self._staged.pop(version)
+        self._previous = (self.active_version, self._retired) if self.active_version is not None else None
         self.active_version = version
 
     def discard(self, version: int) -> None:
         self._retired = self._staged.pop(version, {})
+
+    def roll_back(self) -> int | None:
+        """Serve again the version the last activation replaced; None when there was none."""
+        kept, self._previous = self._previous, None
+        self._active, self.active_version = (kept[1], kept[0]) if kept else ({}, None)
+        self._retired = {}
+        return self.active_version
+
+    def settle(self) -> None:
+        self._previous = None
 
     def take_retired(self) -> dict[str, torch.Tensor]:
         retired, self._retired = self._retired, {}
@@ -117,6 +129,7 @@ class PublishResult:
     bytes_staged: int = 0
     attempts: int = 1  # publications tried this step (the loop's retry policy sets it)
     action: str = ""  # what the loop did about a refusal (loop/publication.py)
+    probe: dict | None = None  # the log-prob probe of the version, once activated (loop/probe.py)
 
 
 class Publisher:
@@ -154,6 +167,7 @@ class Publisher:
         # The version the next publish stages; a resumed run sets it (rejected versions are not reused).
         self.next_version = 1
         self.last_activated: int | None = None  # the same on every rank (activation is agreed)
+        self._before: tuple[Manifest | None, int | None] = (None, None)  # what the last activation replaced
         self._spare: dict[str, torch.Tensor] = {}
 
     @property
@@ -217,6 +231,7 @@ class Publisher:
             take = getattr(self.sink, "take_retired", None)
             self._spare = take() if take is not None else {}
         if not problems:
+            self._before = (self.active_manifest, self.last_activated)
             self.active_manifest, self.last_activated = manifest, version
         t4 = time.perf_counter()
         secs = dict(stage_alloc=t1 - t0, transfer=t2 - t1, validate=t3 - t2, activate=t4 - t3, total=t4 - t0)
@@ -231,6 +246,27 @@ class Publisher:
             seconds=secs,
             bytes_staged=plan.target_bytes(rank),
         )
+
+    def roll_back(self, result: PublishResult, problems: list[str]) -> PublishResult:
+        """The version `result` activated is refused after all (its log-prob probe disagreed,
+        loop/probe.py): the engines serve again the version active before it, where their sinks kept it
+        (`VLLMEngineSink(keep_previous=True)`; else they serve nothing until the next activation), and
+        `result` becomes a refusal with `problems`. Every rank calls it with the same verdict."""
+        self._spare = {}  # the replaced version's tensors may serve again: never stage into them
+        if self.sink is not None and hasattr(self.sink, "roll_back"):
+            self.sink.roll_back()
+        elif self.sink is not None:
+            raise RuntimeError(f"{type(self.sink).__name__} cannot roll back a version (no roll_back())")
+        self.active_manifest, self.last_activated = self._before
+        result.activated = False
+        result.problems = list(problems)
+        result.active_version = self.sink.active_version if self.sink is not None else self.last_activated
+        return result
+
+    def settle(self) -> None:
+        """The active version passed its probe: the sink drops what it kept to roll back."""
+        if self.sink is not None and hasattr(self.sink, "settle"):
+            self.sink.settle()
 
     def serving(self) -> int | None:
         """The version the engines can serve right now: `last_activated`, or None when there is none or

@@ -7,6 +7,15 @@ arrived whole on every engine rank and passed validation; only `activate` writes
 - delivery "inplace" (GPU): each rank's tensors already in vLLM's names and TP slices, copied into
   the live parameters by `VLLMEngine.update_weights_inplace`.
 Both reset the prefix cache. The staged copy is dropped once activated or discarded.
+
+`keep_previous` (the log-prob probe is on, loop/probe.py): activation keeps what the engine served
+before until the probe's verdict, so a refused probe can put it back (`roll_back`):
+- loader: the sink keeps the tensors of the version it activated last (whole HF tensors, one copy of the
+  model where the staged copy lived), and a roll-back reloads them;
+- in place: activation swaps, so the staging buffers hold the previous version's slices, and a roll-back
+  copies them back. Nothing is kept when the engine held no policy before (its first publication, or
+  after a level-2 sleep discarded the weights): a roll-back then leaves nothing to serve.
+`settle()` (the probe passed) drops what was kept.
 """
 
 from __future__ import annotations
@@ -21,11 +30,13 @@ DELIVERIES = ("loader", "inplace")
 
 
 class VLLMEngineSink:
-    def __init__(self, engine: VLLMEngine, delivery: str = "loader"):
+    def __init__(self, engine: VLLMEngine, delivery: str = "loader", keep_previous: bool = False):
         if delivery not in DELIVERIES:
             raise ValueError(f"delivery must be one of {DELIVERIES}; got {delivery!r}")
-        self.engine, self.delivery = engine, delivery
+        self.engine, self.delivery, self.keep_previous = engine, delivery, keep_previous
         self._staged: dict[int, dict[str, torch.Tensor]] = {}
+        self._active: dict[str, torch.Tensor] | None = None  # loader, keep_previous: the active version's
+        self._previous: tuple[int, dict[str, torch.Tensor]] | None = None  # until the probe's verdict
 
     @property
     def active_version(self) -> int | None:
@@ -49,10 +60,34 @@ class VLLMEngineSink:
 
     def activate(self, version: int) -> None:
         tensors = self._staged.pop(version)
+        before = self.active_version if self.engine.holds_weights else None
         if self.delivery == "loader":
             self.engine.update_weights(tensors.items(), version)
+            if self.keep_previous:
+                previous, self._active = self._active, tensors
+                self._previous = (before, previous) if before is not None and previous is not None else None
         else:
-            self.engine.update_weights_inplace(tensors.items(), version)
+            self.engine.update_weights_inplace(tensors.items(), version, keep_previous=self.keep_previous)
+            if self.keep_previous:  # the staging buffers now hold what served before
+                self._previous = (before, tensors) if before is not None else None
 
     def discard(self, version: int) -> None:
         self._staged.pop(version, None)
+
+    def roll_back(self) -> int | None:
+        """Serve again the version active before the last activation; returns it, or None when there was
+        none (the engine then serves nothing until a publication activates)."""
+        kept, self._previous = self._previous, None
+        if kept is None:
+            self._active = None
+            self.engine.discard_weights()
+            return None
+        version, tensors = kept
+        self.engine.restore_weights(tensors.items(), version, inplace=self.delivery == "inplace")
+        if self.delivery == "loader":
+            self._active = tensors
+        return version
+
+    def settle(self) -> None:
+        """The active version passed its probe: what was kept to roll back is dropped."""
+        self._previous = None

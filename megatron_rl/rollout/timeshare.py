@@ -108,6 +108,7 @@ class TimeShare:
         self.engine, self.optimizer, self.ddp = engine, optimizer, ddp
         self.on_memory = on_memory
         self._told = False
+        self._serving = False  # the engine's KV cache is awake (between ready_to_serve and to_train)
         # A new engine is awake with its KV cache allocated: asleep, the first `to_rollout` wakes the
         # weights, publishes, then wakes the KV cache, like every later step.
         self.engine.sleep()
@@ -150,11 +151,21 @@ class TimeShare:
         offload_trainer(self.optimizer, self.ddp)
         self._record("trainer_offloaded")
         self.engine.wake_up(["weights"])
+        self._serving = False
         result = publish() if publish is not None else None
+        self.ready_to_serve()
+        return result
+
+    def ready_to_serve(self) -> None:
+        """The publication has landed: the engine wakes its KV cache (once per `to_rollout`). Called by
+        `to_rollout` after `publish()`, or from inside it by whatever must generate before it returns (the
+        log-prob probe of the version just activated, loop/probe.py)."""
+        if self._serving:
+            return
         self._record("published")
         self.engine.wake_up(["kv_cache"])
         self._record("rollout_start")
-        return result
+        self._serving = True
 
     def to_train(self) -> None:
         """Engine sleeps, trainer restores optimizer state and gradient buffers."""

@@ -420,12 +420,52 @@ class VLLMEngine:
     # ---- weights ----------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Reload full HF-named tensors in place (whole fused groups per call), reset the prefix cache."""
-        if self._streaming:
+        self._check_newer(version, "update_weights()")
+        self._reload(named_tensors, version)
+
+    def update_weights_inplace(
+        self, named_params: Iterable[tuple[str, torch.Tensor]], version: int, keep_previous: bool = False
+    ) -> None:
+        """GPU: copy tensors already in vLLM's layout (vLLM names, this rank's TP slice) into the live
+        parameters, keeping their storage (captured CUDA graphs stay valid); then reset the prefix cache.
+        `keep_previous`: swap instead of copy, so the tensors passed in hold the version served before
+        (a refused probe restores it: `restore_weights(..., inplace=True)`).
+
+        Not on the CPU build: there the linear weights are repacked into oneDNN handles after loading
+        (their Parameters have size 0), so only `update_weights` (a reload) reaches them.
+        """
+        if not self.on_gpu:
             raise RuntimeError(
-                "update_weights() while a generation stream is open would change weights mid-sample"
+                "in-place delivery writes vLLM's parameters directly, which the CPU build repacks; publish with "
+                "delivery='loader' on CPU"
             )
+        self._check_newer(version, "update_weights_inplace()")
+        self._write_inplace(list(named_params), version, keep_previous)
+
+    def restore_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, inplace: bool = False
+    ) -> None:
+        """Serve an earlier version again: its tensors, as `update_weights` (or, `inplace`, as
+        `update_weights_inplace`) takes them. The publication after it was refused (loop/probe.py)."""
+        if self._streaming:
+            raise RuntimeError("restore_weights() while a generation stream is open")
+        if inplace:
+            self._write_inplace(list(named_tensors), version, False)
+        else:
+            self._reload(named_tensors, version)
+
+    def discard_weights(self) -> None:
+        """The weights served are not a policy (a refused probe with no earlier version to go back to):
+        generation refuses to run until a publication activates."""
+        self._weights_valid = False
+
+    def _check_newer(self, version: int, what: str) -> None:
+        if self._streaming:
+            raise RuntimeError(f"{what} while a generation stream is open would change weights mid-sample")
         if version <= self.version:
             raise ValueError(f"version {version} is not newer than the active version {self.version}")
+
+    def _reload(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         groups = group_fused(named_tensors, self.num_experts)
         if not groups:
             raise ValueError(f"publication of version {version} holds no tensors")
@@ -440,24 +480,8 @@ class VLLMEngine:
         self.version = version
         self._weights_valid = True
 
-    def update_weights_inplace(self, named_params: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """GPU: copy tensors already in vLLM's layout (vLLM names, this rank's TP slice) into the live
-        parameters, keeping their storage (captured CUDA graphs stay valid); then reset the prefix cache.
-
-        Not on the CPU build: there the linear weights are repacked into oneDNN handles after loading
-        (their Parameters have size 0), so only `update_weights` (a reload) reaches them.
-        """
-        if not self.on_gpu:
-            raise RuntimeError(
-                "in-place delivery writes vLLM's parameters directly, which the CPU build repacks; publish with "
-                "delivery='loader' on CPU"
-            )
-        if self._streaming:
-            raise RuntimeError("update_weights_inplace() while a generation stream is open")
-        if version <= self.version:
-            raise ValueError(f"version {version} is not newer than the active version {self.version}")
+    def _write_inplace(self, incoming: list[tuple[str, torch.Tensor]], version: int, swap: bool) -> None:
         params = dict(self.model.named_parameters())
-        incoming = list(named_params)
         if not self._weights_valid:  # discarded (level-2 sleep) or dummy: what is not written is garbage
             missing = uncovered_params(params, (name for name, _ in incoming))
             if missing:
@@ -473,7 +497,10 @@ class VLLMEngine:
                 raise ValueError(f"{name}: got shape {list(t.shape)}, the engine holds {list(dst.shape)}")
         with torch.no_grad():
             for (_, t), dst in zip(incoming, targets):
-                dst.copy_(t, non_blocking=True)
+                if swap:
+                    swap_into(dst, t)
+                else:
+                    dst.copy_(t, non_blocking=True)
         torch.cuda.synchronize()
         self._reset_prefix_cache()
         self.version = version
@@ -535,3 +562,11 @@ def uncovered_params(params: Mapping[str, torch.Tensor], incoming: Iterable[str]
     unwritten, sorted. In-place delivery copies only what arrives: after a level-2 sleep every one of
     these holds whatever the reallocated memory held."""
     return sorted(set(params) - covered(dict(params), incoming))
+
+
+def swap_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """`dst` takes `src`'s values and `src` takes `dst`'s (one temporary copy of the smaller tensor at a
+    time): in-place activation that keeps the version served before in the staging buffer."""
+    previous = dst.detach().clone()
+    dst.copy_(src)
+    src.copy_(previous)

@@ -31,6 +31,7 @@ PHASES = (
     "train_fwd_bwd",
     "optimizer",
     "publish",
+    "probe",  # the log-prob probe of each publication, before it serves (loop/probe.py)
 )
 GIB = 2**30
 
@@ -75,16 +76,24 @@ class PhaseTimer:
     peak_reset_ok: bool = True
     # Told each phase's name as it starts (the progress bar shows it), whoever times the phase.
     on_enter: Callable[[str], None] | None = None
+    _open: list[list[float]] = field(default_factory=list, repr=False)  # phases open, outermost first
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        """Time `name`. A phase opened inside another (the log-prob probe inside the publication) counts
+        its seconds as its own only: the outer one's time excludes it, so phases still add up to the step.
+        Peaks: the outer phase's peak covers the inner one's too."""
         if self.on_enter is not None:
             self.on_enter(name)
+        if self._open:  # the peak reset below would lose what the outer phase reached so far
+            self._open[-1][1] = max(self._open[-1][1], self._peak())
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         else:
             self.peak_reset_ok = reset_cpu_peak() and self.peak_reset_ok
+        frame = [0.0, 0.0]  # seconds of phases opened inside this one, peak before their resets
+        self._open.append(frame)
         wall0, t0 = time.time(), time.perf_counter()
         try:
             yield
@@ -92,15 +101,19 @@ class PhaseTimer:
             if self.cuda:
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
+            self._open.pop()
+            if self._open:
+                self._open[-1][0] += dt
             self.spans.append((name, round(wall0, 4), round(wall0 + dt, 4)))
             s = self.stats.setdefault(name, PhaseStats())
-            s.seconds += dt
+            s.seconds += dt - frame[0]
             s.calls += 1
+            s.mem_gib = max(s.mem_gib, frame[1], self._peak())
             if self.cuda:
-                s.mem_gib = max(s.mem_gib, torch.cuda.max_memory_allocated() / GIB)
                 s.reserved_gib = max(s.reserved_gib, torch.cuda.max_memory_reserved() / GIB)
-            else:
-                s.mem_gib = max(s.mem_gib, cpu_peak_gib())
+
+    def _peak(self) -> float:
+        return torch.cuda.max_memory_allocated() / GIB if self.cuda else cpu_peak_gib()
 
     def add(self, name: str, seconds: float, mem_gib: float = 0.0) -> None:
         """Count seconds (and a peak) measured elsewhere in this step's phase `name`: a separated job's

@@ -9,7 +9,9 @@ Idle time, per step:
                       on the longest completion (`generation.tail_s`; see loop/summary.py)
   reward pool         the `scoring` phase: scoring still running after generation ended
   switch              handing the device between trainer and engine (offload, sleep, wake)
-  publication         the `publish` phase: new weights resharded into the engines
+  publication         the `publish` phase: new weights resharded into the engines, and the `probe`
+                      phase: the engines' and the trainer's log-probs of a fixed probe, compared
+                      before the version serves (loop/probe.py; "publication guard" sums it up)
 MFU counts the trainer's model FLOPs (forward, backward and log-prob passes) over the whole step,
 against `cluster.peak_tflops_bf16` per device from the recipe.
 """
@@ -128,7 +130,7 @@ def summarize(records: list[dict]) -> dict:
         "longest_completion": idle([_get(r, "generation", "tail_s") for r in steady]),
         "reward_pool": idle([_secs(r, "scoring") for r in steady]),
         "switch": idle([_get(r, "switch_seconds") for r in steady]),
-        "publication": idle([_secs(r, "publish") for r in steady]),
+        "publication": idle([_secs(r, "publish") + _secs(r, "probe") for r in steady]),
     }
     gen_s = sum(_secs(r, "generation") for r in steady)
     train_s = sum(_secs(r, "train_fwd_bwd") + _secs(r, "optimizer") for r in steady)
@@ -160,6 +162,7 @@ def summarize(records: list[dict]) -> dict:
         "step": step,
         "wall": wall if overlapped else None,
         "idle": idle_time,
+        "guard": guard_summary(records, total / len(steady) if steady else 0.0),
         "throughput": {
             "generated_tokens_per_s": generated / gen_s if gen_s > 0 else None,
             "trained_tokens_per_s": trained / train_s if train_s > 0 else None,
@@ -228,13 +231,49 @@ def phase_lines(s: dict) -> list[str]:
             ("longest_completion", "waiting on the longest completion"),
             ("reward_pool", "on the reward pool"),
             ("switch", "on the trainer/engine switch"),
-            ("publication", "on publication"),
+            ("publication", "on publication (its probe included)"),
         )
     ]
     return [
         f"per phase, seconds of the slowest rank ({_span(s)}):",
         *_table(rows),
         "idle per step: " + ", ".join(parts),
+        *guard_lines(s.get("guard")),
+    ]
+
+
+def guard_summary(records: list[dict], step_s: float) -> dict | None:
+    """The log-prob probe of the run's publications (loop/probe.py): how many, how many it refused, what
+    its phase took per step (the slowest rank's, after the first step) and how close the clean versions
+    came to the thresholds."""
+    probes = [(r["step"], _get(r, "publication", "probe")) for r in records]
+    probes = [(step, p) for step, p in probes if isinstance(p, dict)]
+    if not probes:
+        return None
+    later = [_secs(r, "probe") for r in records[1:]] if len(records) > 1 else [_secs(records[0], "probe")]
+    passed = [p for _, p in probes if p.get("passed")]
+    return {
+        "probes": len(probes),
+        "refused_versions": [p["version"] for _, p in probes if not p.get("passed")],
+        "seconds_per_step": statistics.fmean(later) if later else None,
+        "share": statistics.fmean(later) / step_s if later and step_s else None,
+        "clean_max_abs_diff": max((p["max_abs_diff"] for p in passed), default=None),
+        "clean_mean_abs_diff": max((p["mean_abs_diff"] for p in passed), default=None),
+        "max_gap": probes[-1][1].get("max_gap"),
+        "mean_gap": probes[-1][1].get("mean_gap"),
+    }
+
+
+def guard_lines(g: dict | None) -> list[str]:
+    if not g:
+        return []
+    refused = g["refused_versions"]
+    said = f"refused versions {', '.join(map(str, refused))}" if refused else "refused none"
+    return [
+        f"publication guard: {g['probes']} probes, {said}; {_f(g['seconds_per_step'], '{:.3f}')} s per step "
+        f"({_pct(g['share'])}); clean versions' largest gap {_f(g['clean_max_abs_diff'], '{:.2g}')} nats "
+        f"(threshold {_f(g['max_gap'], '{:.2g}')}), mean {_f(g['clean_mean_abs_diff'], '{:.2g}')} "
+        f"(threshold {_f(g['mean_gap'], '{:.2g}')})"
     ]
 
 

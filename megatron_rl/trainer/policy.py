@@ -195,18 +195,21 @@ class Policy:
             set_replay(self.model, mb.routes, st.tp_rank, st.tp, st.layout.sequence_parallel)
         return model(mb.tokens_BS, mb.position_ids_BS, attention_mask=None)
 
-    def _microbatches(self, sequences, prompt_lens, seq_len, extras=None, routes=None) -> list[Microbatch]:
+    def _microbatches(
+        self, sequences, prompt_lens, seq_len, extras=None, routes=None, micro_batch_size=None
+    ) -> list[Microbatch]:
         """Microbatches on the policy's device (the one device rule: see trainer/batch.py). Without
         pipeline parallelism (no p2p buffer shape to keep) they are grouped by length, each padded to
         its own longest. An MoE model whose experts span ranks pads to one length over those ranks
         (`_expert_length`; on CPU only, where the dispatcher all-gathers equal blocks)."""
+        mbs = micro_batch_size or self.micro_batch_size
         if seq_len is None and self.spec.is_moe and self.state.layout.ep * self.state.layout.etp > 1:
-            seq_len = self._expert_length(sequences, -(-len(sequences) // self.micro_batch_size))
+            seq_len = self._expert_length(sequences, -(-len(sequences) // mbs))
         by_length = self.state.pp == 1 and seq_len is None
         return make_microbatches(
             sequences,
             prompt_lens,
-            self.micro_batch_size,
+            mbs,
             seq_len,
             extras,
             device=self.state.device,
@@ -247,10 +250,14 @@ class Policy:
         temperature: float = 1.0,
         seq_len: int | None = None,
         routes: list[torch.Tensor] | None = None,
+        micro_batch_size: int | None = None,
     ) -> list[torch.Tensor]:
         """Per-sequence completion log-probs (1-D float32 tensors), on every rank of the model group.
-        `routes`: the engine's experts per sequence, replayed (trainer/replay.py)."""
-        mbs = self._microbatches(sequences, prompt_lens, seq_len, routes=self._replayed(routes))
+        `routes`: the engine's experts per sequence, replayed (trainer/replay.py). `micro_batch_size`:
+        this call's own (the log-prob probe scores its few sequences as one microbatch)."""
+        mbs = self._microbatches(
+            sequences, prompt_lens, seq_len, routes=self._replayed(routes), micro_batch_size=micro_batch_size
+        )
         tp_rank, vocab = self.state.tp_rank, self.spec.vocab_size
 
         def step(data_iter, model):

@@ -86,3 +86,14 @@ def kill_run(proc: subprocess.Popen) -> int:
 def records(tmp: Path, name: str = "run") -> list[dict]:
     path = tmp / "outputs" / name / "steps.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def assert_no_alarm(recs: list[dict]) -> None:
+    """A clean run: every publication activated after its log-prob probe passed (loop/probe.py), and no
+    step's own agreement disagreed (fp32 engine and trainer agree to rounding)."""
+    for r in recs:
+        pub = r["publication"]
+        if pub is None:  # asynchronous: the last steps publish nothing
+            continue
+        assert pub["activated"] and pub["probe"] is not None and pub["probe"]["passed"], (r["step"], pub)
+        assert r["logprob_agreement"]["problems"] == [], (r["step"], r["logprob_agreement"])

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from tests.helpers.launch import REPO, run_worker, torchrun
+from tests.helpers.tiny_run import assert_no_alarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 STEPS = 3
@@ -56,6 +57,7 @@ def run(tmp_path_factory):
 
 def test_the_run_generates_from_the_chat_template_and_stops_at_end_ids(run):
     tmp, records, _ = run
+    assert_no_alarm(records)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     fixture = json.loads((tmp / "fixtures" / "qwen2" / "fixture.json").read_text())
     assert len(fixture["generation_eos"]) == 2  # <|im_end|> and <|endoftext|>

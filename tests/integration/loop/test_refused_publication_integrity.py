@@ -3,8 +3,10 @@ sampling with the last good version, the step records say so, and the default po
 refusals in a row) ends the run with a message that names the tensors.
 
 The divergence is a real one from a finite recipe (the recipe check refuses optim.lr=inf): at
-optim.lr=1e30 the first update leaves huge but finite weights, which publish; the next forward
-overflows, its gradients are NaN, and from then on the weights are NaN."""
+optim.lr=1e30 the first update leaves huge but finite weights, whose bytes publish whole but whose
+log-probs overflow: the log-prob probe (loop/probe.py) can compare no token of them and refuses the
+version before it serves (fail closed); the next forward overflows, its gradients are NaN, and from
+then on the weights are NaN, which the manifest's check refuses."""
 
 import pytest
 
@@ -32,11 +34,15 @@ def test_non_finite_weights_are_never_served_and_the_run_stops_after_three_refus
         assert r["old_logprobs"] == "update_forward"
     refused = recs[first_refused:]
     assert len(refused) == 2, [r["step"] for r in recs]  # the next step's publication is the 3rd refusal
-    for r in refused:
+    for i, r in enumerate(refused):
         p = r["publication"]
         assert not p["activated"] and p["active_version"] == good and r["version"] == good
         assert p["action"] == f"sampled with the active version {good}"
-        assert "non-finite values (NaN or Inf)" in p["refused"][0]
+        if i == 0:  # huge finite weights: the bytes are whole, the model they make cannot be scored
+            assert p["refused"][0].startswith("log-prob probe") and "no token was compared" in p["refused"][0]
+            assert p["probe"]["passed"] is False
+        else:
+            assert "non-finite values (NaN or Inf)" in p["refused"][0]
         assert r["old_logprobs"] == "update_forward" and r["logprob_agreement"]["tokens"] > 0
     head = "weight publication refused 3 times in a row (rollout.on_refused_publication=stop"
     assert out.count(head) == 1 and f"version {good} keeps serving" in out

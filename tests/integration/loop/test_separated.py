@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.helpers.tiny_run import kill_run, launch, records
+from tests.helpers.tiny_run import assert_no_alarm, kill_run, launch, records
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 SEP = "grpo_tiny_cpu_separated"
@@ -43,6 +43,8 @@ def sync_pair(tmp_path_factory):
 
 
 def test_separated_sync_reproduces_colocated_sync(sync_pair):
+    for recs in sync_pair:
+        assert_no_alarm(recs)
     sep, col, _ = sync_pair
     assert [r["step"] for r in sep] == [r["step"] for r in col] == [1, 2, 3, 4]
     for a, b in zip(sep, col):
@@ -107,6 +109,7 @@ def test_async_lag_is_within_k_and_the_correction_applies(async_runs):
     assert [r["version"] for r in recs] == [1, 1] + list(range(2, steps))
     # The last step publishes nothing: no batch is left to draw with it.
     assert recs[-1]["publication"] is None and all(r["publication"]["activated"] for r in recs[:-1])
+    assert_no_alarm(recs)  # asynchronous too: every version probed before it served
     # Truncated IS weights pi_old / pi_engine: exactly 1 at lag 0 (the same policy), not 1 after.
     assert recs[0]["train"]["is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
     assert any(abs(r["train"]["is_weight_mean"] - 1.0) > 1e-3 for r in recs[1:])

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from megatron_rl.telemetry.phases import PHASES
-from tests.helpers.tiny_run import launch, records
+from tests.helpers.tiny_run import assert_no_alarm, launch, records
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 STEPS = 3
@@ -71,6 +71,7 @@ def test_versions_increase_by_one_per_step(run):
         "each step samples the version published at its start"
     )
     assert all(r["publication"]["activated"] for r in recs)
+    assert_no_alarm(recs)  # every version probed before it served, none refused
 
 
 def test_logprob_agreement_finite_and_within_tolerance(run):

@@ -7,7 +7,7 @@ engines serve exactly the trainer's weights: a publication whose experts the eng
 
 import pytest
 
-from tests.helpers.tiny_run import launch, records
+from tests.helpers.tiny_run import assert_no_alarm, launch, records
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 STEPS = 8
@@ -33,6 +33,7 @@ def test_the_moe_policy_learns(run):
 
 
 def test_engines_serve_the_trainers_experts(run):
+    assert_no_alarm(run)
     for r in run:
         a = r["logprob_agreement"]
         assert r["publication"]["activated"], r["step"]

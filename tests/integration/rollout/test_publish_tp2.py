@@ -64,3 +64,16 @@ def test_second_publication_changes_outputs_as_the_new_weights_dictate(r):
 def test_engines_sample_independently(r):
     # Same prompt, engine 0 vs engine 1: per-engine request seeds.
     assert r["round1"]["engines_differ"]
+
+
+def test_a_conversion_fault_is_refused_by_the_probe_and_the_previous_version_serves_again(r):
+    """Same bytes in and out (the manifest passes), another model: only the probe sees it. After the
+    roll-back the engines serve version 2 token for token, and agree with the trainer again."""
+    x = r["round3"]
+    assert not x["activated"] and x["action"] == "sampled with the active version 2" and x["served"] == 2
+    assert x["probe"]["version"] == 3 and x["probe"]["passed"] is False
+    assert x["probe"]["max_abs_diff"] > 100 * x["probe"]["max_gap"], x["probe"]
+    assert "log-prob probe (fp32 trainer, fp32 engine): engine 0" in x["problems"][0]
+    assert x["greedy_tokens"] == r["round2"]["greedy_tokens"]
+    after = x["probe_after"]
+    assert after["passed"] and after["max_abs_diff"] < after["max_gap"] and after["tokens"] == 2 * 4 * 31

@@ -19,7 +19,11 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.layout import ParallelLayout
+from megatron_rl.loop.probe import Prober, probe_sequences
+from megatron_rl.loop.publication import RefusalPolicy
+from megatron_rl.reshard.faults import FaultInjector
 from megatron_rl.reshard.publish import Publisher
+from megatron_rl.rollout.agreement import thresholds_for
 from megatron_rl.rollout.logprob_check import bind_trainer_logprobs, check_samples
 from megatron_rl.rollout.sink import VLLMEngineSink
 from megatron_rl.rollout.types import SamplingSettings
@@ -74,6 +78,37 @@ def round_of(policy, engine, pub, step, cfg):
     )
 
 
+def faulty_round(policy, engine, pub, layout):
+    """Version 3: version 2's weights through a conversion fault; refused by the probe, rolled back."""
+    thresholds = thresholds_for("fp32", "fp32")
+    group = dist.new_group(backend="gloo")
+    rank = dist.get_rank()
+    prober = Prober(
+        probe_sequences(SPEC.vocab_size, 4, 32, seed=0),
+        thresholds,
+        group,
+        engine=engine,
+        engine_index=rank,
+        is_leader=True,
+        policy=policy,
+    )
+    guard = RefusalPolicy(pub, "skip", 3, "refuse", thresholds)
+    faults = FaultInjector({3: "gate_up"}, SPEC, tp=2)
+    named = faults.wrap(policy.named_parameters_global, lambda: pub.next_version)
+    res = guard.publish(named, 2, prober)
+    greedy = gather_engine_samples(engine, [LONG_PROMPT], 1, GREEDY)
+    again = prober(engine.version)  # the version served after the roll-back, against the same trainer
+    return dict(
+        activated=res.activated,
+        problems=res.problems,
+        probe=res.probe,
+        action=res.action,
+        served=engine.version,
+        greedy_tokens=[g.token_ids for g in greedy],
+        probe_after=again.record(thresholds),
+    )
+
+
 def main():
     st = init_parallel(ParallelLayout.over(launched_world(), 2, 1))
     rank = st.env.rank
@@ -87,7 +122,8 @@ def main():
     engine = VLLMEngine(cfg, MODEL_DIR, tp=1, seed=cfg.seed, engine_index=rank)
     start_s = time.perf_counter() - t
     layout = ParallelLayout(tp=2, engine_tp=1, engine_count=2)
-    pub = Publisher(layout, SPEC, sink=VLLMEngineSink(engine), delivery="loader")
+    sink = VLLMEngineSink(engine, keep_previous=True)  # what the loop builds when the probe may refuse
+    pub = Publisher(layout, SPEC, sink=sink, delivery="loader")
 
     samples1, r1 = round_of(policy, engine, pub, step=0, cfg=cfg)
 
@@ -101,8 +137,9 @@ def main():
     )
 
     _, r2 = round_of(policy, engine, pub, step=1, cfg=cfg)
+    r3 = faulty_round(policy, engine, pub, layout)
     if rank == 0:
-        out = dict(start_s=start_s, round1=r1, round2=r2, moved=moved, train=metrics)
+        out = dict(start_s=start_s, round1=r1, round2=r2, round3=r3, moved=moved, train=metrics)
         (OUT / "publish.json").write_text(json.dumps(out, indent=1))
     dist.barrier()
 

@@ -55,3 +55,22 @@ def test_flatten_jsonl_and_plot(tmp_path):
     assert json.loads((tmp_path / "steps.jsonl").read_text())["step"] == 1
     png = plot_timeline([rec, {**rec, "step": 2}], tmp_path / "t.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_phase_inside_another_counts_its_own_seconds_only():
+    """The probe runs inside the publication: phases still add up to the step, the outer peak covers both."""
+    import time
+
+    t = PhaseTimer(cuda=False)
+    with t.phase("publish"):
+        time.sleep(0.05)
+        with t.phase("probe"):
+            big = bytearray(64 << 20)  # the inner phase's memory counts in the outer one's peak too
+            time.sleep(0.1)
+            del big
+        time.sleep(0.05)
+    s = t.take()
+    spans = {name: b - a for name, a, b in t.take_spans()}  # whole intervals, for the trace
+    assert s["probe"].seconds == pytest.approx(spans["probe"], abs=2e-4)
+    assert s["publish"].seconds + s["probe"].seconds == pytest.approx(spans["publish"], abs=2e-4)
+    assert s["publish"].seconds >= 0.1 and s["publish"].mem_gib >= s["probe"].mem_gib > 0
