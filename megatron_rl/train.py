@@ -190,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         # groups only), that version is older than the trainer's: it then measures that drift too, not only
         # engine/trainer numerics (exact on lag-0 versions).
         agreement["version_lag"] = feed.lag_of(agreement["version"], step)
-        # The step's agreement acts as the probe does (rollout.on_logprob_disagreement): it cannot unserve the
-        # batch it measured, so a refusal counts toward max_refused_publications; `stop` ends the run now.
+        # The step's agreement acts as the probe does (rollout.on_logprob_disagreement), over every trainer rank:
+        # it cannot unserve the batch it measured, so `refuse` ends the run once max_refused_publications steps
+        # in a row disagree, and `stop` ends it now.
         problems = step_problems(agreement, refusals.thresholds, procs.cpu_group)
         halt = refusals.after_step(step, agreement["version"], problems)
         agreement["problems"] = problems

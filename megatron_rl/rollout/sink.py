@@ -67,9 +67,10 @@ class VLLMEngineSink:
                 previous, self._active = self._active, tensors
                 self._previous = (before, previous) if before is not None and previous is not None else None
         else:
-            self.engine.update_weights_inplace(tensors.items(), version, keep_previous=self.keep_previous)
+            swap = self.keep_previous and before is not None  # nothing worth keeping after a level-2 sleep
+            self.engine.update_weights_inplace(tensors.items(), version, keep_previous=swap)
             if self.keep_previous:  # the staging buffers now hold what served before
-                self._previous = (before, tensors) if before is not None else None
+                self._previous = (before, tensors) if swap else None
 
     def discard(self, version: int) -> None:
         self._staged.pop(version, None)

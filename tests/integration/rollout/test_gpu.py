@@ -52,6 +52,10 @@ def test_level2_sleep_needs_a_publication(r):
     assert r["level2_refused"] and r["level2_diff"] < TOL
 
 
+def test_an_inplace_roll_back_serves_the_previous_version_again(r):
+    assert r["swap_kept_previous"] and r["restored_version"] == 3 and r["restored_diff"] < TOL
+
+
 def test_trainer_offload_round_trip(r):
     assert r["offloaded"] and r["restored"]
     assert r["offload_freed_gib"] > 0

@@ -6,6 +6,7 @@
    cache); a publication lands between the two; level 2 discards the weights and generation then
    waits for a publication.
 2. In-place delivery writes vLLM's own parameters (vLLM names and layout) and takes effect.
+   A roll-back in place (a refused log-prob probe) serves the previous version again.
 3. Trainer offload: the optimizer state and gradient buffers leave the device and come back, and
    the next optimizer step is the same as without the round trip.
 Oracle for log-probs: HF transformers on the same weights.
@@ -75,6 +76,16 @@ def engine_checks(r):
         r["level2_refused"] = True
     eng.update_weights(sd.items(), version=3)
     r["level2_diff"] = hf_diff(sd, eng.generate(PROMPTS, 1, GREEDY))
+    # A refused probe's roll-back, in place: activation swaps, so the staging buffers keep version 3,
+    # and restoring them serves version 3 again (rollout/sink.py keep_previous).
+    served = {n: p.detach().clone() for n, p in eng.model.named_parameters()}
+    staged = {n: t.clone() for n, t in served.items()}
+    staged["lm_head.weight"] *= 3
+    eng.update_weights_inplace(staged.items(), version=4, keep_previous=True)
+    r["swap_kept_previous"] = all(torch.equal(staged[n], served[n]) for n in served)
+    eng.restore_weights(staged.items(), 3, inplace=True)
+    r["restored_version"] = eng.version
+    r["restored_diff"] = hf_diff(sd, eng.generate(PROMPTS, 1, GREEDY))
 
 
 def trainer_checks(r, st):

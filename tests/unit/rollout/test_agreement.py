@@ -61,3 +61,18 @@ def test_worst_takes_every_engines_largest_figures():
     w = worst({0: _stats(1e-6, 1e-7, 10), 1: _stats(5e-3, 1e-8, 20, 1), 2: _stats(math.nan, 2e-7, 0)})
     assert math.isnan(w["max_abs_diff"]) and w["mean_abs_diff"] == 2e-7
     assert w["tokens"] == 30 and w["nonfinite_tokens"] == 1
+
+
+def test_an_inplace_swap_keeps_what_served_before():
+    """rollout/vllm_engine.py `swap_into`: the live tensor takes the staged values and the staging buffer
+    keeps the previous ones (a refused probe restores them), across dtypes as a bf16 engine needs."""
+    import torch
+
+    from megatron_rl.rollout.vllm_engine import swap_into
+
+    live = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    staged = torch.full((2, 3), 7.5, dtype=torch.float32)
+    before = live.clone()
+    swap_into(live, staged)
+    assert torch.equal(live, torch.full((2, 3), 7.5, dtype=torch.bfloat16))
+    assert torch.equal(staged, before.float())
