@@ -171,7 +171,8 @@ def validate(argv: list[str]) -> int:
     t = agreement["thresholds"]
     print(
         f"agreement: {t['trainer_dtype']} trainer, {t['engine_dtype']} engine: max gap {t['max_gap']:.3g}, mean "
-        f"gap {t['mean_gap']:.3g} nats ({t['source']}); on disagreement: {agreement['action']}"
+        f"gap {t['mean_gap']:.3g} nats ({t['source']}{'' if t['step_max'] else '; a step: its mean only'}); on "
+        f"disagreement: {agreement['action']}"
     )
     return 0
 
