@@ -30,6 +30,7 @@ import torch
 from megatron_rl.check import validate_recipe
 from megatron_rl.checkpoint.preempt import EXIT_REQUEUE, Preemption
 from megatron_rl.config.load import load_recipe
+from megatron_rl.doctor import require_device
 from megatron_rl.loop import components, engine_pool, old_policy
 from megatron_rl.loop.feed import Feed
 from megatron_rl.loop.publication import RefusalPolicy
@@ -53,6 +54,7 @@ from megatron_rl.trainer.replay import routes_of
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     recipe = validate_recipe(load_recipe(args.recipe, args.overrides))  # `validate`'s check, before anything
+    require_device(recipe.cluster)  # a GPU cluster where CUDA is unavailable: one line and exit 2
     cfg, algo, ro = recipe, recipe.algorithm, recipe.rollout
     seed_everything(cfg.seed)
     procs, run = start_run(cfg)  # the process groups; the run's records, console and sinks
