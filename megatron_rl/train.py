@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             colocated = (timeshare, timeshare.engine, engine_index, is_leader, pool)
         task = components.build_task(cfg)
         engine = colocated[1] if colocated else None
-        publisher = components.build_publisher(cfg, procs.layout, engine, group=procs.job_group)
+        publisher = components.build_publisher(
+            cfg, procs.layout, engine, group=procs.job_group, cpu_group=procs.job_cpu_group
+        )
         refusals = RefusalPolicy(publisher, ro.on_refused_publication, ro.max_refused_publications)
         checkpointer = components.build_checkpointer(cfg, procs, run.name)
         save_every = components.checkpoint_interval(cfg)
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
         # 3. group-relative advantages (the KL folded into the rewards when the recipe says so)
-        kl = kl_sums(old, ref, algo.kl_estimator, procs.dp_group) if algo.kl_in_reward and ref else None
+        kl = kl_sums(old, ref, algo.kl_estimator, procs.dp_cpu_group) if algo.kl_in_reward and ref else None
         adv = advantages_with_kl(samples, ro.samples_per_prompt, algo, ro.max_new_tokens, kl)
         keep = loss_mask_keep(samples, algo)
 

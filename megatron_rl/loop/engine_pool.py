@@ -39,7 +39,9 @@ def serve(cfg, procs, run) -> int:
         engine_index, is_leader = components.engine_role(procs)
         task = components.build_task(cfg)
         pool = components.build_reward_pool(cfg, is_leader)
-        publisher = components.build_publisher(cfg, procs.layout, engine, group=procs.job_group)
+        publisher = components.build_publisher(
+            cfg, procs.layout, engine, group=procs.job_group, cpu_group=procs.job_cpu_group
+        )
         refusals = RefusalPolicy(publisher, ro.on_refused_publication, ro.max_refused_publications)
     box = [None, None, None]
     dist.broadcast_object_list(box, src=0, group=procs.job_cpu_group)  # from the trainer's Feed

@@ -51,9 +51,9 @@ def round_of(policy, engine, pub, step, cfg):
     publish_s = time.perf_counter() - t
     rank = dist.get_rank()
     prompts = [LONG_PROMPT, [1 + rank, 2, 3, 4]]
-    samples = gather_engine_samples(engine, prompts, 2, SAMPLED)
+    samples = gather_engine_samples(engine, prompts, 2, SAMPLED, policy.state.cpu_group)
     stats = dict(engine.last_stream)
-    greedy = gather_engine_samples(engine, [LONG_PROMPT], 1, GREEDY)
+    greedy = gather_engine_samples(engine, [LONG_PROMPT], 1, GREEDY, policy.state.cpu_group)
     lp_fn = bind_trainer_logprobs(policy.logprobs, cfg.logprobs_mode, SAMPLED)
     report = check_samples(samples, lp_fn, THRESHOLD)
     greedy_report = check_samples(
