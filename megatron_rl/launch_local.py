@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     recipe_name, overrides = argv[0], argv[1:]
     try:
         recipe = load_recipe(recipe_name, overrides)
+        refusal = refusal_for(recipe.cluster)  # a GPU cluster where CUDA is unavailable (the driver's rule)
+        if refusal:
+            print(f"error: {refusal}", file=sys.stderr)
+            return 2
         if recipe.model.fixture and recipe.model.hf_checkpoint:  # a CPU demo's checkpoint, built once
             from megatron_rl.models.fixture import build_fixture
 
@@ -52,10 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, RecipeError, RecipeNotFound, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    refusal = refusal_for(recipe.cluster)  # a GPU cluster where CUDA is unavailable (the driver's rule)
-    if refusal:
-        print(f"error: {refusal}", file=sys.stderr)
-        return 2
     nproc = ParallelLayout.from_config(recipe.layout).gpus
     if recipe.cluster.nodes != 1:
         print(

@@ -28,10 +28,10 @@ class Processes:
     state: ParallelState | None
     # megatron-core's data-parallel group (NCCL on GPU): device-tensor reductions over the DP replicas.
     dp_group: object
-    dp_cpu_group: object = None  # its gloo twin (megatron-core's): host objects over the DP replicas
     pools: Pools | None = None
     engine_cpu_group: object = None  # separated engine ranks: gloo over the engine pool
     engine_layout: ParallelLayout | None = None  # separated engine ranks (trainer ranks: state.layout)
+    dp_cpu_group: object = None  # the DP group's gloo twin (megatron-core's): host objects over the replicas
 
     @classmethod
     def start(cls, recipe) -> Processes:
@@ -51,13 +51,13 @@ class Processes:
             if not pools.is_trainer:
                 os.environ.update(pool_env_for_engine(pools))  # what vLLM's launcher reads
                 group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-                return cls(None, None, None, pools, group, layout)
+                return cls(None, None, pools, group, layout)
         state = init_parallel(
             layout, seed=recipe.seed, timeout_s=timeout_s, pool_env=pools.pool_env if pools else None
         )
         from megatron.core import parallel_state as ps
 
-        return cls(state, ps.get_data_parallel_group(), ps.get_data_parallel_group_gloo(), pools)
+        return cls(state, ps.get_data_parallel_group(), pools, dp_cpu_group=ps.get_data_parallel_group_gloo())
 
     @property
     def layout(self) -> ParallelLayout:
