@@ -152,7 +152,7 @@ def main() -> None:
     )
     # rank 0 picks the folder (one mkdtemp, not one per rank) and tells the others
     box = [args.out or (tempfile.mkdtemp(prefix="ckpt_bench_") if dist.get_rank() == 0 else "")]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=state.cpu_group)
     root = Path(box[0])
     report = {"layout": "tp2", "world_size": dist.get_world_size()}
     for spec in (tiny, m100):

@@ -133,6 +133,7 @@ def worker(repeats: int) -> None:
     if gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if gpu else "gloo")
+    cpu_group = dist.new_group(backend="gloo")  # the publisher's host objects (its problems)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda") if gpu else torch.device("cpu")
     s = spec()
@@ -160,6 +161,7 @@ def worker(repeats: int) -> None:
             links,
             torch.bfloat16,
             device=device,
+            cpu_group=cpu_group,
         )
         shards = _shards(pub.plan, rank, torch.bfloat16, device)
         _, warm = _publish_once(pub, shards)  # warm-up: plan, connections, allocator
@@ -204,6 +206,7 @@ def worker(repeats: int) -> None:
                 links,
                 torch.bfloat16,
                 device=device,
+                cpu_group=cpu_group,
             )
             shards = _shards(pub.plan, rank, torch.bfloat16, device)
             dt, r = _publish_once(pub, shards)

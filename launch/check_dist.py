@@ -70,6 +70,7 @@ def main(argv: list[str]) -> int:
         torch.cuda.set_device(env.local_rank)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
+    cpu_group = dist.new_group(backend="gloo")
     device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
 
     # Each rank marks its own slot: the sum is all ones only if the ranks are exactly 0..world-1, once each.
@@ -101,7 +102,7 @@ def main(argv: list[str]) -> int:
         view["usr1_after_s"] = round(usr1[0], 2) if usr1 else None
         print(f"rank {rank}: SIGUSR1 " + (f"after {usr1[0]:.1f} s" if usr1 else "not received"), flush=True)
     views: list[dict] = [{} for _ in range(world)]
-    dist.all_gather_object(views, view)
+    dist.all_gather_object(views, view, group=cpu_group)  # host objects: gloo, on GPU too
 
     problems = [f"rank {v['rank']}: all_reduce gave a wrong sum" for v in views if not v["all_reduce_ok"]]
     problems += [

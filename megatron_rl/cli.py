@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "score": ("megatron_rl.reward.cli:main", "score one completion against its problem's tests"),
     "submit": ("megatron_rl.slurm_submit:main", "render and submit the sbatch command for a recipe"),
     "ckpt": ("megatron_rl.checkpoint.cli:main", "check checkpoints against their manifests (ckpt verify)"),
+    "doctor": ("megatron_rl.doctor:main", "check the versions a run needs to agree (torch, CUDA, TE, vLLM)"),
 }
 
 

@@ -2,7 +2,8 @@
 
     python -m megatron_rl.launch_local RECIPE [overrides...] [--verbose]
 
-Validates the recipe first (so a bad one fails in a second, not after the processes start), sizes
+Validates the recipe first (so a bad one fails in a second, not after the processes start), refuses a
+GPU cluster where CUDA is unavailable (exit 2, megatron_rl/doctor.py's rule), sizes
 the torchrun from the recipe's layout, picks a free port, and sets OMP_NUM_THREADS=1 (vLLM's CPU
 build runs ~15x slower without it). The exit code is that of the first rank that failed, or 0.
 
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from megatron_rl.check import ConfigError, validate_recipe
 from megatron_rl.config.load import RecipeError, RecipeNotFound, load_recipe
+from megatron_rl.doctor import refusal_for
 from megatron_rl.launch_torchrun import LOG_ENV
 from megatron_rl.layout import ParallelLayout
 
@@ -42,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     recipe_name, overrides = argv[0], argv[1:]
     try:
         recipe = load_recipe(recipe_name, overrides)
+        refusal = refusal_for(recipe.cluster)  # a GPU cluster where CUDA is unavailable (the driver's rule)
+        if refusal:
+            print(f"error: {refusal}", file=sys.stderr)
+            return 2
         if recipe.model.fixture and recipe.model.hf_checkpoint:  # a CPU demo's checkpoint, built once
             from megatron_rl.models.fixture import build_fixture
 

@@ -30,6 +30,7 @@ import torch
 from megatron_rl.check import validate_recipe
 from megatron_rl.checkpoint.preempt import EXIT_REQUEUE, Preemption
 from megatron_rl.config.load import load_recipe
+from megatron_rl.doctor import require_device
 from megatron_rl.loop import components, engine_pool, old_policy
 from megatron_rl.loop.feed import Feed
 from megatron_rl.loop.probe import step_problems
@@ -54,6 +55,7 @@ from megatron_rl.trainer.replay import routes_of
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     recipe = validate_recipe(load_recipe(args.recipe, args.overrides))  # `validate`'s check, before anything
+    require_device(recipe.cluster)  # a GPU cluster where CUDA is unavailable: one line and exit 2
     cfg, algo, ro = recipe, recipe.algorithm, recipe.rollout
     seed_everything(cfg.seed)
     procs, run = start_run(cfg)  # the process groups; the run's records, console and sinks
@@ -80,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
             colocated = (timeshare, timeshare.engine, engine_index, is_leader, pool)
         task = components.build_task(cfg)
         engine = colocated[1] if colocated else None
-        publisher = components.build_publisher(cfg, procs.layout, engine, group=procs.job_group)
+        publisher = components.build_publisher(
+            cfg, procs.layout, engine, group=procs.job_group, cpu_group=procs.job_cpu_group
+        )
         refusals = components.build_refusals(cfg, publisher)  # what a refused or disagreeing version does
         prober = components.build_prober(cfg, procs, run.timer, policy=policy, engine=engine)
         checkpointer = components.build_checkpointer(cfg, procs, run.name)
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
         # 3. group-relative advantages (the KL folded into the rewards when the recipe says so)
-        kl = kl_sums(old, ref, algo.kl_estimator, procs.dp_group) if algo.kl_in_reward and ref else None
+        kl = kl_sums(old, ref, algo.kl_estimator, procs.dp_cpu_group) if algo.kl_in_reward and ref else None
         adv = advantages_with_kl(samples, ro.samples_per_prompt, algo, ro.max_new_tokens, kl)
         keep = loss_mask_keep(samples, algo)
 

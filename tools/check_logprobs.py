@@ -29,13 +29,14 @@ from megatron_rl.rollout.logprob_check import bind_trainer_logprobs, check_sampl
 from megatron_rl.rollout.types import SamplingSettings
 
 
-def gather_engine_samples(engine, prompts, n: int, sampling: SamplingSettings) -> list:
+def gather_engine_samples(engine, prompts, n: int, sampling: SamplingSettings, cpu_group=None) -> list:
     """Sample on every engine and give every rank all engines' samples (each engine's once: from its
     TP rank 0), so every trainer rank scores the same batch. Every rank calls this with its engine's
-    prompts (identical within an engine's TP group)."""
+    prompts (identical within an engine's TP group). The samples are host objects: `cpu_group` is the
+    gloo group over every rank (ParallelState.cpu_group)."""
     local = engine.generate(prompts, n, sampling)
-    every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, local if dist.get_rank() % engine.tp == 0 else [])
+    every: list = [None] * dist.get_world_size(cpu_group)
+    dist.all_gather_object(every, local if dist.get_rank() % engine.tp == 0 else [], group=cpu_group)
     return [s for part in every for s in part]
 
 
@@ -48,7 +49,7 @@ def publish_and_check(
     publish_s = time.perf_counter() - t
     if not res.activated:
         raise RuntimeError(f"publication of version {res.version} was rejected: {res.problems}")
-    samples = gather_engine_samples(engine, prompts, n, sampling)
+    samples = gather_engine_samples(engine, prompts, n, sampling, policy.state.cpu_group)
     stream = dict(engine.last_stream)
     report = check_samples(
         samples, bind_trainer_logprobs(policy.logprobs, engine.logprobs_mode, sampling), threshold
@@ -128,7 +129,13 @@ def main(argv: list[str]) -> int:
         max_model_len=max_len,
         dtype=hf_dtype_name(dtypes_of(rc)[1]),
     )
-    pub = Publisher(st.layout, spec, sink=VLLMEngineSink(engine, args.delivery), delivery=args.delivery)
+    pub = Publisher(
+        st.layout,
+        spec,
+        sink=VLLMEngineSink(engine, args.delivery),
+        delivery=args.delivery,
+        cpu_group=st.cpu_group,
+    )
     sampling = SamplingSettings.from_config(ro)
     prompts = random_prompts(
         args.prompts, args.prompt_len, spec.vocab_size, seed=rc.seed + engine.engine_index

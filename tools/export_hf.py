@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     # Verified before any DCP read: torch's reader unpickles dist/.metadata (checkpoint/integrity.py).
     from megatron_rl.checkpoint.resume import verify_shared
 
-    problems = verify_shared(ckpt)
+    problems = verify_shared(ckpt, state.cpu_group)
     if problems:
         print(f"error: {ckpt} does not verify: {'; '.join(problems[:5])}", file=sys.stderr)
         destroy_parallel()

@@ -23,20 +23,21 @@ from megatron_rl.checkpoint.store import list_checkpoints, recover
 log = logging.getLogger(__name__)
 
 
-def verify_shared(path: Path) -> list[str]:
-    """verify(path) with the re-hashing split over the ranks (collective when distributed)."""
+def verify_shared(path: Path, cpu_group=None) -> list[str]:
+    """verify(path) with the re-hashing split over the ranks of `cpu_group` (a gloo group over every rank;
+    collective when distributed): the problems are host objects."""
     if not (dist.is_available() and dist.is_initialized()):
         return verify(path)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = dist.get_rank(cpu_group), dist.get_world_size(cpu_group)
     every: list[list[str] | None] = [None] * world
-    dist.all_gather_object(every, verify(path, share=(rank, world)))
+    dist.all_gather_object(every, verify(path, share=(rank, world)), group=cpu_group)
     return list(dict.fromkeys(p for ps in every for p in ps or []))
 
 
-def find(resume: str, root: Path) -> Path | None:
+def find(resume: str, root: Path, cpu_group=None) -> Path | None:
     """What `checkpoint.resume` points at: auto (the newest that verifies under root), none, or a path.
 
-    Collective when distributed: call it on every rank."""
+    Collective when distributed: call it on every rank of `cpu_group` (gloo, every rank of the trainer)."""
     if resume == "none":
         return None
     main = not dist.is_initialized() or dist.get_rank() == 0
@@ -44,10 +45,10 @@ def find(resume: str, root: Path) -> Path | None:
         if main:
             recover(root)  # a sealed save that a crash left under its temporary name
         if dist.is_initialized():
-            dist.barrier()
+            dist.barrier(group=cpu_group)
         skipped = 0
         for _step, path in reversed(list_checkpoints(root)):
-            problems = verify_shared(path)
+            problems = verify_shared(path, cpu_group)
             if not problems:
                 if skipped and main:
                     log.warning("resuming from %s, the newest checkpoint that verifies", path)
@@ -64,7 +65,7 @@ def find(resume: str, root: Path) -> Path | None:
             log.warning("no checkpoint under %s verifies: starting from step 0", root)
         return None
     path = Path(resume)
-    problems = verify_shared(path)
+    problems = verify_shared(path, cpu_group)
     if problems:
         raise SystemExit(
             f"checkpoint.resume={resume}: the checkpoint does not verify:\n  "

@@ -187,16 +187,21 @@ def generate_and_score(
 
 
 def gather_all(
-    local: list[Sample], group=None, stats: CollectStats | None = None, cut: list[CarriedGroup] | None = None
+    local: list[Sample],
+    cpu_group=None,
+    stats: CollectStats | None = None,
+    cut: list[CarriedGroup] | None = None,
 ) -> tuple[list[Sample], CollectStats | None, list[CarriedGroup]]:
-    """Every rank's scored samples on every rank, prompt-major (the order group advantages need); of the
+    """Every rank's scored samples on every rank, over `cpu_group` (gloo: a batch of samples, with routes
+    under routing replay, is far too big to stage on the GPU as NCCL's object collectives do), prompt-major
+    (the order group advantages need); of the
     `stats` the ranks passed, the slowest engine's (a separated job's trainer ranks have none of their
     own; the step's generation is as long as its slowest engine); and every rank's cut groups, in rank
     order (rollout.partial: every rank holds the same carry)."""
     cut = list(cut or [])
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
-        parts: list[tuple | None] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(parts, (local, stats, cut), group=group)
+    if dist.is_initialized() and dist.get_world_size(cpu_group) > 1:
+        parts: list[tuple | None] = [None] * dist.get_world_size(cpu_group)
+        dist.all_gather_object(parts, (local, stats, cut), group=cpu_group)
         local = [s for p in parts for s in (p[0] if p else [])]
         cut = [g for p in parts for g in (p[2] if p else [])]
         given = [p[1] for p in parts if p and p[1] is not None]
@@ -218,8 +223,8 @@ def collect_batch(
 ):
     """One step's batch: `data.prompts_per_step` groups of `samples_per_prompt` scored samples.
 
-    `engine` None: a separated job's trainer rank, which receives the batch; `group` is then the job's
-    host group (loop/pools.py), over which every gather of this call runs.
+    `group`: the job's host (gloo) group, over which every gather of this call runs (loop/pools.py when
+    separated). `engine` None: a separated job's trainer rank, which receives the batch.
 
     `carry` (rollout.partial; a list, the same on every rank): the groups earlier batches cut, continued
     first; replaced in place by the groups this batch cuts (loop/carry.py).
@@ -274,7 +279,7 @@ def collect_batch(
             )
         # Engine leaders send their timing for a trainer that has none of its own (separated).
         own = stats if engine is not None and is_leader else None
-        gathered, theirs, cut = gather_all(local, group, own if group is not None else None, cut)
+        gathered, theirs, cut = gather_all(local, group, own, cut)
         if engine is None and theirs is not None:
             stats = theirs
         if partial:  # counted from the carry, which every rank holds whole (samples that hold tokens)

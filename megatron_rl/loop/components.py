@@ -99,11 +99,12 @@ def build_reward_pool(cfg, is_leader: bool):
     return RewardPool(replace(cfg.reward, workers=share))
 
 
-def build_publisher(cfg, layout: ParallelLayout, engine, group=None):
+def build_publisher(cfg, layout: ParallelLayout, engine, group=None, cpu_group=None):
     """Reshard trainer shards into the engine's layout; the vLLM sink validates before activating.
     `engine` None: a separated job's trainer rank (it sends, holds no sink); `group`: the job group
-    there (loop/pools.py), the default group when colocated. When a disagreeing probe refuses a version,
-    the sink keeps the one it replaces until the probe's verdict (rollout/sink.py `keep_previous`)."""
+    there (loop/pools.py), the default group when colocated; `cpu_group`: its gloo twin (host objects).
+    When a disagreeing probe refuses a version, the sink keeps the one it replaces until the probe's
+    verdict (rollout/sink.py `keep_previous`)."""
     from megatron_rl.reshard.plan import Links
     from megatron_rl.reshard.publish import Publisher
     from megatron_rl.rollout.sink import VLLMEngineSink
@@ -119,6 +120,7 @@ def build_publisher(cfg, layout: ParallelLayout, engine, group=None):
         delivery=delivery,
         links=links,
         group=group,
+        cpu_group=cpu_group,
     )
 
 
@@ -185,9 +187,9 @@ def resume(cfg, procs: Processes, run: RunLog, policy, reference, task) -> tuple
     part: verifying re-hashes a share of the files on each."""
     from megatron_rl.checkpoint.resume import find, load
 
-    path = find(cfg.checkpoint.resume, Path(cfg.checkpoint.dir) / run.name)
+    path = find(cfg.checkpoint.resume, Path(cfg.checkpoint.dir) / run.name, procs.cpu_group)
     box = [str(path) if path else None]
-    dist.broadcast_object_list(box, src=0)  # every rank loads the same checkpoint
+    dist.broadcast_object_list(box, src=0, group=procs.cpu_group)  # every rank loads the same checkpoint
     if box[0] is None:
         return 0, None
     state = load(Path(box[0]), procs.rank, policy, reference, task)

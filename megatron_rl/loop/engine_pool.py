@@ -38,7 +38,9 @@ def serve(cfg, procs, run) -> int:
         engine_index, is_leader = components.engine_role(procs)
         task = components.build_task(cfg)
         pool = components.build_reward_pool(cfg, is_leader)
-        publisher = components.build_publisher(cfg, procs.layout, engine, group=procs.job_group)
+        publisher = components.build_publisher(
+            cfg, procs.layout, engine, group=procs.job_group, cpu_group=procs.job_cpu_group
+        )
         refusals = components.build_refusals(cfg, publisher)
         prober = components.build_prober(cfg, procs, run.timer, engine=engine)
     box = [None, None, None]

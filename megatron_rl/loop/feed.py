@@ -105,6 +105,7 @@ class Feed:
                 pool,
                 self.run.timer,
                 step,
+                group=self.procs.job_cpu_group,  # host objects: gloo (NCCL would stage them on the GPU)
                 carry=self.carry,
             )
             timeshare.to_train()  # the engine sleeps; the trainer takes the device back

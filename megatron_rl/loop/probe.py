@@ -74,7 +74,7 @@ class Prober:
         self,
         sequences: list[list[int]],
         thresholds: Thresholds,
-        group,
+        cpu_group,
         *,
         engine=None,
         engine_index: int = -1,
@@ -82,7 +82,7 @@ class Prober:
         policy=None,
         timer=None,
     ):
-        self.sequences, self.thresholds, self.group = sequences, thresholds, group
+        self.sequences, self.thresholds, self.cpu_group = sequences, thresholds, cpu_group
         self.engine, self.engine_index, self.is_leader = engine, engine_index, is_leader
         self.policy, self.timer = policy, timer
 
@@ -103,15 +103,15 @@ class Prober:
             scores = prompt_logprobs(self.engine, self.sequences, tag=f"probe-v{version}")
             mine = (self.engine_index, scores) if self.is_leader else None
         t1 = time.perf_counter()
-        parts: list = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(parts, mine, group=self.group)
+        parts: list = [None] * dist.get_world_size(self.cpu_group)
+        dist.all_gather_object(parts, mine, group=self.cpu_group)
         by_engine = dict(sorted(p for p in parts if p is not None))
         t2 = time.perf_counter()
         verdict = self._judge(version, by_engine) if self.policy is not None else None
         if verdict is not None:
             verdict.parts = {"engine_s": t1 - t0, "gather_s": t2 - t1, "trainer_s": time.perf_counter() - t2}
         box = [verdict]
-        dist.broadcast_object_list(box, src=0, group=self.group)  # job rank 0 is a trainer rank
+        dist.broadcast_object_list(box, src=0, group=self.cpu_group)  # job rank 0 is a trainer rank
         return box[0]
 
     def _judge(self, version: int, by_engine: dict[int, list[list[float]]]) -> ProbeVerdict:

@@ -31,6 +31,7 @@ class Processes:
     pools: Pools | None = None
     engine_cpu_group: object = None  # separated engine ranks: gloo over the engine pool
     engine_layout: ParallelLayout | None = None  # separated engine ranks (trainer ranks: state.layout)
+    dp_cpu_group: object = None  # the DP group's gloo twin (megatron-core's): host objects over the replicas
 
     @classmethod
     def start(cls, recipe) -> Processes:
@@ -56,7 +57,7 @@ class Processes:
         )
         from megatron.core import parallel_state as ps
 
-        return cls(state, ps.get_data_parallel_group(), pools)
+        return cls(state, ps.get_data_parallel_group(), pools, dp_cpu_group=ps.get_data_parallel_group_gloo())
 
     @property
     def layout(self) -> ParallelLayout:

@@ -79,7 +79,7 @@ class RunLog:
     def record(self, step: int, metrics: dict) -> dict:
         """Reduce this step's phase stats over ranks (MAX) and write the record (rank 0). Collective."""
         phases = reduce_over_ranks(self.timer.take(), PHASES, group=self.cpu_group)
-        spans = gather_spans(self.timer.take_spans(), group=self.cpu_group)
+        spans = gather_spans(self.timer.take_spans(), cpu_group=self.cpu_group)
         record = {"step": step, "phases": phases, **metrics, "timeshare_memory": self.switch_memory}
         record["switch_seconds"] = switch_seconds(self.switch_times)
         self.switch_memory, self.switch_times = {}, {}

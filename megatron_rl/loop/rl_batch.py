@@ -57,18 +57,19 @@ def global_normaliser(samples: list[Sample], indices: list[int], keep: list[floa
 
 
 def kl_sums(
-    old: dict[int, torch.Tensor], ref: dict[int, torch.Tensor], estimator: str, dp_group=None
+    old: dict[int, torch.Tensor], ref: dict[int, torch.Tensor], estimator: str, dp_cpu_group=None
 ) -> dict:
     """Per-sample sum of the KL estimate (policy vs reference) over its tokens, for every sample of the
-    step (each DP rank computed its own samples; they are exchanged over the DP group)."""
+    step (each DP rank computed its own samples; they are exchanged as host objects over the DP group's
+    gloo twin, `Processes.dp_cpu_group`)."""
     import torch.distributed as dist
 
     from megatron_rl.algorithms import kl_estimate
 
     local = {i: float(kl_estimate(old[i], ref[i], estimator).sum()) for i in old}
-    if dist.is_initialized() and dist.get_world_size(dp_group) > 1:
-        parts: list[dict | None] = [None] * dist.get_world_size(dp_group)
-        dist.all_gather_object(parts, local, group=dp_group)
+    if dist.is_initialized() and dist.get_world_size(dp_cpu_group) > 1:
+        parts: list[dict | None] = [None] * dist.get_world_size(dp_cpu_group)
+        dist.all_gather_object(parts, local, group=dp_cpu_group)
         local = {k: v for p in parts for k, v in (p or {}).items()}
     return local
 

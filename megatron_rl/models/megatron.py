@@ -8,27 +8,59 @@ imports (clusters, NGC containers); otherwise the local spec, which is what runs
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import torch.nn.functional as F
 
 from megatron_rl.layout import ParallelLayout
 from megatron_rl.models.dtypes import recipe_dtype, torch_dtype
+from megatron_rl.models.experts import GROUPED, expert_gemm, grouped_to_per_expert
 from megatron_rl.models.spec import ModelSpec
 
 
+@functools.cache
 def transformer_engine_available() -> bool:
-    try:
-        import transformer_engine  # noqa: F401
-    except Exception:
+    """Whether transformer-engine's layer spec can be built here: CUDA, and TE's PyTorch module imports.
+
+    Asked through `transformer_engine.pytorch` itself: TE's package `__init__` swallows a failed import
+    of its PyTorch module, so `import transformer_engine` succeeds on a TE whose torch extension is
+    missing or was built for another torch, and the TE spec would then fail deep in the model build.
+    Such a TE counts as unavailable, with a warning naming the import error (`megatron-rl doctor`
+    refuses it for GPU runs before any rank starts)."""
+    if not torch.cuda.is_available():
         return False
-    return torch.cuda.is_available()
+    from megatron_rl.machine import TE_INSTALL, dist_version, te_import_error
+
+    problem = te_import_error()
+    if problem is not None:
+        logging.getLogger(__name__).warning(
+            "transformer-engine %s is installed but transformer_engine.pytorch does not import (%s): building "
+            "with megatron-core's local layer spec (no fused kernels, per-expert MoE GEMMs). Rebuild it "
+            "against this torch: %s",
+            dist_version("transformer-engine") or "",
+            problem,
+            TE_INSTALL,
+        )
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
 
 
-def transformer_config(spec: ModelSpec, par: ParallelLayout, dtype: str | None = None, on_cpu: bool = True):
+def transformer_config(
+    spec: ModelSpec,
+    par: ParallelLayout,
+    dtype: str | None = None,
+    on_cpu: bool = True,
+    use_te: bool | None = None,
+):
     """The megatron-core TransformerConfig for a spec at a layout's TP/PP/CP, sequence parallelism,
-    recompute and PP split."""
+    recompute and PP split. `use_te`: whether the model is built with transformer-engine's layer spec
+    (None: whether it can be here, as `layer_spec` decides); a mixture of experts then runs grouped GEMMs."""
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+    use_te = (not on_cpu and transformer_engine_available()) if use_te is None else use_te
 
     dtype = recipe_dtype(dtype or spec.params_dtype)
     tdtype = torch_dtype(dtype)
@@ -67,7 +99,7 @@ def transformer_config(spec: ModelSpec, par: ParallelLayout, dtype: str | None =
         batch_p2p_sync=not on_cpu,
     )
     if spec.is_moe:
-        kwargs.update(moe_config(spec, par, on_cpu))
+        kwargs.update(moe_config(spec, par, on_cpu, grouped=expert_gemm(use_te) == GROUPED))
     if par.pp_layers:
         if len(par.pp_layers) != par.pp:
             raise ValueError(f"layout.pp_layers has {len(par.pp_layers)} entries for pp={par.pp}")
@@ -98,8 +130,9 @@ def token_dispatcher(on_cpu: bool) -> str:
     return "allgather" if on_cpu else "alltoall"
 
 
-def moe_config(spec: ModelSpec, par: ParallelLayout, on_cpu: bool) -> dict:
-    """The TransformerConfig keys of a Qwen3-MoE model: every layer routed, no shared expert.
+def moe_config(spec: ModelSpec, par: ParallelLayout, on_cpu: bool, grouped: bool = False) -> dict:
+    """The TransformerConfig keys of a Qwen3-MoE model: every layer routed, no shared expert; `grouped`:
+    the experts' GEMMs in one grouped call (transformer-engine; models/experts.py), else one per expert.
 
     HF's router takes a softmax over all experts, then the top k, renormalised when `norm_topk_prob`;
     megatron-core's `moe_router_pre_softmax=False` takes the top-k logits and a softmax over them, which
@@ -119,7 +152,7 @@ def moe_config(spec: ModelSpec, par: ParallelLayout, on_cpu: bool) -> dict:
         moe_aux_loss_coeff=spec.moe_aux_loss_coeff,
         moe_z_loss_coeff=spec.moe_z_loss_coeff or None,
         moe_token_dispatcher_type=token_dispatcher(on_cpu),
-        moe_grouped_gemm=False,  # per-expert linears: the names models/hf.py maps (local_experts.N)
+        moe_grouped_gemm=grouped,  # grouped names map to models/hf.py's per-expert ones (global_param_name)
         moe_permute_fusion=False,
         moe_router_fusion=False,
         expert_model_parallel_size=par.ep,
@@ -127,11 +160,21 @@ def moe_config(spec: ModelSpec, par: ParallelLayout, on_cpu: bool) -> dict:
     )
 
 
+def moe_spec_args(spec: ModelSpec, use_te: bool) -> dict:
+    """The layer-spec arguments of a mixture of experts: grouped GEMMs with TE (TEGroupedMLP), per expert
+    without (SequentialMLP); none for a dense model."""
+    return (
+        dict(num_experts=spec.num_experts, moe_grouped_gemm=expert_gemm(use_te) == GROUPED)
+        if spec.is_moe
+        else {}
+    )
+
+
 def layer_spec(spec: ModelSpec, use_te: bool | None = None):
     from megatron.core.models.gpt import gpt_layer_specs as S
 
     use_te = transformer_engine_available() if use_te is None else use_te
-    moe = dict(num_experts=spec.num_experts, moe_grouped_gemm=False) if spec.is_moe else {}
+    moe = moe_spec_args(spec, use_te)
     if use_te:
         return S.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.qk_norm, **moe)
     return S.get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=spec.qk_norm, **moe)
@@ -195,11 +238,13 @@ def fused_to_local_prefixes() -> dict[str, str]:
 def global_param_name(model, local_name: str) -> str:
     """The name every consumer (HF import, publication, export) uses for a parameter of this stage:
     the global layer index (state-dict keys on a PP stage count from the stage's first layer) and the
-    local spec's naming, whichever layer spec built the model (models/hf.py `canonical_name`)."""
+    local spec's naming, whichever layer spec built the model (models/hf.py `canonical_name`), with a
+    grouped MoE's expert weights named per expert (models/experts.py)."""
     from megatron_rl.models.hf import canonical_name
 
     parts = local_name.split(".")
     if parts[:2] == ["decoder", "layers"]:
+        parts = grouped_to_per_expert(parts)  # TEGroupedMLP's weight{i} -> local_experts.{i}.weight
         layer = model.decoder.layers[int(parts[2])]
         parts[2] = str(layer.layer_number - 1)
         if parts[3:6] == ["mlp", "experts", "local_experts"]:  # this EP rank's experts count from 0

@@ -16,7 +16,9 @@ unoverlapped (a pessimistic bound, small next to the compute). The optimizer pha
 reduce-scatter and parameter all-gather (all-reduce without the distributed optimizer) per
 minibatch, over NVLink when the DP group fits in a node, else the GPU's share of the node's IB (a
 mixture of experts reduces its experts' gradients over expert-DP instead). With expert parallelism
-the token all-to-all of every MoE layer (plan/alltoall.py) adds to training and log-prob forwards.
+the token all-to-all of every MoE layer (plan/alltoall.py) adds to training and log-prob forwards, and
+per-expert GEMMs (no transformer-engine: a CPU cluster; models/experts.py) their launch-bound overhead
+per local expert (`per_expert_seconds`); grouped GEMMs are inside the MFU.
 Colocated GPUs also pay a switch each step: the trainer offloads grads and optimizer state to the
 host while the engine runs, and a level-1 sleeping engine offloads its weights while the trainer runs.
 """
@@ -27,10 +29,11 @@ import math
 from dataclasses import dataclass
 
 from megatron_rl.layout import RECOMPUTE_MODES, ParallelLayout
+from megatron_rl.models.experts import PER_EXPERT
 from megatron_rl.plan.alltoall import step_alltoall
 from megatron_rl.plan.flops import logprob_forward_flops, recompute_extra_flops, train_flops
 from megatron_rl.plan.generation import Generation, generation
-from megatron_rl.plan.inputs import PlanInputs
+from megatron_rl.plan.inputs import PER_EXPERT_FORWARD_S, PlanInputs
 from megatron_rl.plan.memory import GRAD_BYTES, memory_fit, stage_params, stage_params_per_gpu
 from megatron_rl.plan.publication import publication
 from megatron_rl.plan.scoring import scoring
@@ -128,6 +131,18 @@ def _tp_collective_seconds(inp: PlanInputs, layout: ParallelLayout, sequences: i
     return microbatches * (layers * per_layer + small) * inp.hw.allreduce_latency_s
 
 
+def per_expert_seconds(inp: PlanInputs, layout: ParallelLayout, sequences: int, backward: bool) -> float:
+    """Per-expert GEMMs' overhead of one rank's pass over `sequences` sequences (0 with grouped GEMMs or a
+    dense model): every microbatch runs each of the rank's local experts in each MoE layer of its stage
+    (PER_EXPERT_FORWARD_S a forward; backward twice that, and full recompute a second forward)."""
+    s = inp.spec
+    if not s.is_moe or inp.assume.expert_gemm != PER_EXPERT:
+        return 0.0
+    forwards = 1 + (2 + (1 if layout.recompute == "full" else 0) if backward else 0)
+    calls = _rank_microbatches(inp, layout, sequences) * math.ceil(s.num_layers / layout.pp)
+    return calls * math.ceil(s.num_experts / layout.ep) * forwards * PER_EXPERT_FORWARD_S
+
+
 def trainer_phases(inp: PlanInputs, layout: ParallelLayout) -> dict:
     """Wall seconds of the trainer's phases on `layout.trainer_gpus` GPUs."""
     w, hw, s = inp.work, inp.hw, inp.spec
@@ -137,8 +152,10 @@ def trainer_phases(inp: PlanInputs, layout: ParallelLayout) -> dict:
     fwd_stretch = _stretch(inp, layout, w.samples)
     fwd_comm = _pp_p2p_seconds(inp, layout, w.samples, passes=1)
     fwd_comm += _tp_collective_seconds(inp, layout, w.samples, backward=False)
+    fwd_comm += per_expert_seconds(inp, layout, w.samples, backward=False)
     train_comm = _pp_p2p_seconds(inp, layout, per_minibatch, passes=2)
     train_comm += _tp_collective_seconds(inp, layout, per_minibatch, backward=True)
+    train_comm += per_expert_seconds(inp, layout, per_minibatch, backward=True)
     train = train_flops(inp) + recompute_extra_flops(inp, layout.recompute)
     out = {
         "old_logprobs": (lp["old"] / rate * fwd_stretch + fwd_comm) if lp["old"] else 0.0,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_rl.loop.old_policy import needs_forward
+from megatron_rl.models.experts import GROUPED, expert_gemm
 from megatron_rl.models.spec import ModelSpec
 from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 
@@ -23,6 +24,12 @@ GIB = 2**30
 # GPU <-> host copies (colocated offload, async checkpoint staging): PCIe Gen5 x16 delivers ~64 GB/s
 # on paper; 25 GB/s is a sustained pinned-memory rate. Not in the cluster config, so assumed here.
 HOST_LINK_BYTES_PER_S = 25e9
+# Per-expert GEMMs (megatron-core's SequentialMLP: what runs without transformer-engine's grouped GEMM,
+# models/experts.py) run each local expert as its own small MLP from Python: about six kernels (the
+# split, fc1, SwiGLU, the routing weights, fc2, the concatenation) and a module call per expert, MoE
+# layer and microbatch. Charged at 40 us per forward and twice that backward, on top of the FLOPs at the
+# assumed MFU (a grouped GEMM issues every expert's GEMM in one call: inside the MFU). Not measured here.
+PER_EXPERT_FORWARD_S = 40e-6
 
 
 class PlanError(ValueError):
@@ -111,6 +118,9 @@ class Assumptions:
     # The frozen reference's weights (when the KL needs one): on the GPU throughout, or on the host
     # between uses (algorithm.reference).
     reference: str = "resident"  # resident | offload
+    # How a mixture of experts' GEMMs run (models/experts.py): grouped with transformer-engine, which a GPU
+    # cluster runs; per expert with the local layer spec (a CPU cluster).
+    expert_gemm: str = GROUPED
 
 
 @dataclass(frozen=True)
@@ -223,5 +233,6 @@ def inputs_from_recipe(recipe) -> PlanInputs:
         checkpoint_interval_steps=recipe.checkpoint.interval,
         async_save=recipe.checkpoint.async_save,
         reference=recipe.algorithm.reference,
+        expert_gemm=expert_gemm(use_te=c.gpu != "cpu"),
     )
     return PlanInputs(name=recipe.name, spec=spec, work=work, hw=hw, assume=assume)

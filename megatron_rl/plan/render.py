@@ -35,6 +35,12 @@ def _rows(rows: list[tuple], indent: str = "   ", left: int = 1) -> list[str]:
     return out
 
 
+_EXPERT_GEMMS = {
+    "grouped": "grouped expert GEMMs (transformer-engine)",
+    "per_expert": "one GEMM per expert (no transformer-engine: charged per expert, plan/cycle.py)",
+}
+
+
 def _header(r: PlanReport) -> list[str]:
     m, c, a = r.model, r.cluster, r.assumptions
     b = r.kv_bytes_per_token
@@ -43,7 +49,7 @@ def _header(r: PlanReport) -> list[str]:
         moe = [
             f"         mixture of experts: {m.experts} experts per layer, top-{m.experts_per_token} per "
             f"token: {_count(m.params)} params in memory, {_count(m.active_params)} active per token "
-            "(the FLOPs)"
+            f"(the FLOPs); {_EXPERT_GEMMS.get(m.expert_gemm, m.expert_gemm)}"
         ]
     return [
         f"megatron-rl plan  {r.recipe}" + ("  (calibrated with measured steps)" if r.calibrated else ""),

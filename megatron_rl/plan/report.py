@@ -173,6 +173,7 @@ def _model(inp: PlanInputs) -> ModelSummary:
         active_params=inp.active_params if s.is_moe else None,
         experts=s.num_experts if s.is_moe else None,
         experts_per_token=s.moe_topk if s.is_moe else None,
+        expert_gemm=inp.assume.expert_gemm if s.is_moe else None,
     )
 
 

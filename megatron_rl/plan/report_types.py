@@ -112,6 +112,7 @@ class ModelSummary:
     active_params: int | None = omitted_when_none()
     experts: int | None = omitted_when_none()
     experts_per_token: int | None = omitted_when_none()
+    expert_gemm: str | None = omitted_when_none()  # grouped | per_expert (models/experts.py)
 
 
 @dataclass(frozen=True)

@@ -149,10 +149,16 @@ class Publisher:
         algorithm: str | None = None,
         direct_min_bytes: int = DIRECT_MIN_BYTES,
         group: dist.ProcessGroup | None = None,
+        cpu_group: dist.ProcessGroup | None = None,
     ):
         """`group`: the ranks the layout numbers, by their layout rank: the default group (None) when
-        colocated, the job group of a separated job (loop/pools.py), where the default world is a pool."""
+        colocated, the job group of a separated job (loop/pools.py), where the default world is a pool.
+        `cpu_group`: a gloo group over the same ranks, for the problems the ranks exchange (host objects;
+        NCCL would stage them on the GPU). Needed when `group` is NCCL; a gloo `group` serves itself."""
         self.group = group
+        self.cpu_group = cpu_group if cpu_group is not None else group
+        if cpu_group is None and dist.is_initialized() and dist.get_backend(group) == "nccl":
+            raise ValueError("Publisher on an NCCL group needs cpu_group=, a gloo group over the same ranks")
         self.dtype = dtype or torch_dtype(spec.params_dtype)
         itemsize = torch.empty(0, dtype=self.dtype).element_size()
         self.plan: ReshardPlan = build_plan(layout, spec, delivery, links, itemsize)
@@ -385,8 +391,8 @@ class Publisher:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         if not flag.item():
             return []
-        every: list[list[str]] = [[] for _ in range(dist.get_world_size(self.group))]
-        dist.all_gather_object(every, problems, group=self.group)
+        every: list[list[str]] = [[] for _ in range(dist.get_world_size(self.cpu_group))]
+        dist.all_gather_object(every, problems, group=self.cpu_group)
         return [p for ps in every for p in ps]
 
     def _comm_device(self) -> torch.device:

@@ -19,8 +19,9 @@ start when less is free, so `trainer_aside(...)` offloads optimizer state, gradi
 reference's weights around the construction and until the new engine is asleep (`TimeShare.start`;
 the planner checks that moment: plan/memory.py).
 
-On GPU the trainer side uses megatron-core's own RL hooks (`MegatronOptimizer.offload_to_cpu` /
-`restore_from_cpu`, `DistributedDataParallel.offload_grad_buffers` / `restore_grad_buffers`). On CPU
+On GPU the trainer side uses megatron-core's own RL hooks (`MegatronOptimizer.offload_to_cpu`, here
+with the model's own weights kept on the device, and `restore_from_cpu`;
+`DistributedDataParallel.offload_grad_buffers` / `restore_grad_buffers`). On CPU
 trainer and engine share host memory, so moving state "to the host" frees nothing and the engine
 cannot sleep: both sides log that once and do nothing; the memory of each phase is still recorded.
 
@@ -63,12 +64,44 @@ def memory_snapshot() -> dict[str, float]:
     )
 
 
+def offload_optimizer(optimizer, keep: set[int]) -> None:
+    """megatron-core's `MegatronOptimizer.offload_to_cpu` (optimizer.py, 0.16.1), except for the
+    parameters in `keep` (ids): the model's own.
+
+    megatron-core moves `p.data` of every parameter in the optimizer's groups to the host, then every
+    state tensor. With mixed precision or the distributed optimizer those parameters are fp32 main
+    copies (or shards) and the model's weights stay on the device; with `FP32Optimizer` (fp32 weights,
+    optim.distributed_optimizer=false) they *are* the model's weights, and the engine's next
+    publication, which runs while the trainer is offloaded, would read host tensors (over NCCL). Here
+    those stay; the state still moves. An optimizer that holds none of them keeps megatron-core's own
+    method. `restore_from_cpu` needs no twin: it brings back only what is on the host."""
+    for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        inner = getattr(sub, "optimizer", None)
+        groups = (
+            inner.param_groups if inner is not None and not getattr(sub, "is_stub_optimizer", False) else []
+        )
+        if not any(id(p) in keep for g in groups for p in g["params"]):
+            sub.offload_to_cpu()
+            continue
+        for group in groups:
+            for p in group["params"]:
+                if isinstance(p, torch.Tensor) and p.is_cuda and id(p) not in keep:
+                    p.data = p.data.cpu()
+        for state in inner.state.values():
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor) and v.is_cuda:
+                    state[k] = v.cpu()
+        torch.cuda.empty_cache()
+
+
 def offload_trainer(optimizer, ddp) -> bool:
-    """Move optimizer state and free gradient buffers; True if device memory was released."""
+    """Move optimizer state and free gradient buffers; True if device memory was released. The model's
+    weights stay on the device (`offload_optimizer`)."""
     if not torch.cuda.is_available():
         return False
     if optimizer is not None:
-        optimizer.offload_to_cpu()
+        model = getattr(ddp, "module", None)  # megatron-core DistributedDataParallel wraps the model
+        offload_optimizer(optimizer, {id(p) for p in model.parameters()} if model is not None else set())
     if ddp is not None:
         ddp.offload_grad_buffers()
     return True

@@ -134,15 +134,16 @@ class PhaseTimer:
         return out
 
 
-def gather_spans(local: list[tuple[str, float, float]], group=None) -> list[list[list]]:
-    """Every rank's phase spans of this step, indexed by rank. Collective (small Python objects)."""
+def gather_spans(local: list[tuple[str, float, float]], cpu_group=None) -> list[list[list]]:
+    """Every rank's phase spans of this step, indexed by rank. Collective over `cpu_group` (gloo: Python
+    objects)."""
     import torch.distributed as dist
 
     mine = [[n, a, b] for n, a, b in local]
     if not dist.is_initialized():
         return [mine]
-    out: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, mine, group=group)
+    out: list = [None] * dist.get_world_size(cpu_group)
+    dist.all_gather_object(out, mine, group=cpu_group)
     return out
 
 

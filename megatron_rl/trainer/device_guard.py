@@ -24,8 +24,12 @@ step 1 on a GPU. With MEGATRON_RL_DEVICE_GUARD=1, `init_parallel` installs two t
    group they run on, as its backend would on GPU. Groups created with `backend="gloo"` are CPU
    groups (host tensors only); every other group, the default one included, is a device group (NCCL
    on GPU: tensors on the compute device, none marked host). A meta tensor fails anywhere. Object
-   collectives (`all_gather_object`, ...) on a device group may carry at most OBJECT_LIMIT_BYTES:
-   NCCL stages each payload on the GPU, the largest one times the world size on every rank.
+   collectives (`all_gather_object`, `broadcast_object_list`, `gather_object`, `scatter_object_list`,
+   `send_object_list`, `recv_object_list`) from megatron_rl's code are refused on a device group
+   whatever their size: NCCL pickles each payload into a device tensor and stages the largest one
+   times the world size on every rank (with routing replay on the 30B-A3B recipe, ~4 GB per GPU while
+   the engine still holds its KV cache); host objects go over a gloo group. Other code's object
+   collectives (megatron-core's dist_checkpointing metadata) may carry at most OBJECT_LIMIT_BYTES.
    Not wrapped: isend/irecv and P2POp, which megatron-core's pipeline schedules build from
    torch's own functions (torch checks the op's identity).
 
@@ -246,11 +250,23 @@ def _wrap_batch_p2p(fn: Callable, compute: torch.device) -> Callable:
 
 
 def _wrap_object_collective(name: str, fn: Callable, payload_arg: int) -> Callable:
+    import inspect
+
+    signature = inspect.signature(fn)
+    payload_name = list(signature.parameters)[payload_arg]
+
     @functools.wraps(fn)
     def guarded(*args, **kwargs):
-        group = kwargs.get("group")
-        if not _is_cpu_group(group) and len(args) > payload_arg:
-            size = len(pickle.dumps(args[payload_arg]))
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        if not _is_cpu_group(bound.get("group")):
+            caller = _caller_module()
+            if caller.startswith("megatron_rl"):
+                raise DeviceDisciplineError(
+                    f"{name} from {caller} on a device (NCCL on GPU) group: NCCL stages every object "
+                    "collective's payload on the GPU (the largest one x world size on each rank); run it on "
+                    "a gloo group (ParallelState.cpu_group, Processes.cpu_group / job_cpu_group)"
+                )
+            size = len(pickle.dumps(bound.get(payload_name)))
             if size > OBJECT_LIMIT_BYTES:
                 raise DeviceDisciplineError(
                     f"{name} on a device (NCCL on GPU) group carries {size / 2**20:.1f} MiB: NCCL stages every "
@@ -288,7 +304,15 @@ _TENSOR_COLLECTIVES = (
     "send",
     "recv",
 )
-_OBJECT_COLLECTIVES = {"all_gather_object": 1, "broadcast_object_list": 0, "gather_object": 0}
+# name -> the position of its payload argument (what NCCL would stage on the device)
+OBJECT_COLLECTIVES = {
+    "all_gather_object": 1,
+    "broadcast_object_list": 0,
+    "gather_object": 0,
+    "scatter_object_list": 1,
+    "send_object_list": 0,
+    "recv_object_list": 0,
+}
 
 
 def compute_device() -> torch.device:
@@ -314,7 +338,7 @@ def install() -> None:
     for name in _TENSOR_COLLECTIVES:
         _INSTALLED[name] = getattr(dist, name)
         setattr(dist, name, _wrap_tensor_collective(name, _INSTALLED[name], compute))
-    for name, payload_arg in _OBJECT_COLLECTIVES.items():
+    for name, payload_arg in OBJECT_COLLECTIVES.items():
         _INSTALLED[name] = getattr(dist, name)
         setattr(dist, name, _wrap_object_collective(name, _INSTALLED[name], payload_arg))
     _INSTALLED["batch_isend_irecv"] = dist.batch_isend_irecv

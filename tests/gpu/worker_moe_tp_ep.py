@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from megatron_rl.checkpoint.export import full_state
+from megatron_rl.models.precision import strict_fp32
 from megatron_rl.trainer.hf_import import load_hf_into
 from megatron_rl.trainer.policy import OptimSettings, Policy
 from tests.dist.trainer.cases import OPTIM, TEMPERATURE, advantages, batch, moe_case_name, reinit, train_loss
@@ -24,6 +25,7 @@ CASES = [(2, 1, 2, 1), (2, 1, 2, 2), (2, 1, 1, 1)]  # (TP, PP, EP, ETP), sequenc
 
 
 def main() -> None:
+    strict_fp32()  # fp32 compared at 1e-4: no TF32 in TE's GEMMs or torch's (before CUDA starts)
     spec = QWEN3_MOE_TINY
     seqs, prompt_lens = batch()
     for tp, pp, ep, etp in CASES:

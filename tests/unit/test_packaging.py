@@ -61,3 +61,25 @@ def test_the_cpu_venv_torch_is_still_allowed(tmp_path):
     constraints = tmp_path / "cpu.txt"
     constraints.write_text("torch==2.13.0\n")
     assert _compile(tmp_path, "--constraint", str(constraints))["torch"] == "2.13.0"
+
+
+def test_the_gpu_extra_pins_transformer_engine_inside_megatron_cores_tested_range():
+    """megatron-core 0.16.1 states the TE it is tested with in its own metadata (its `dev` extra); the gpu
+    extra must stay inside it (unpinned, pip resolved TE 2.20.2, whose PyTorch module is a source build)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    from megatron_rl.machine import TE_INSTALL, requirement_of
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    (ours,) = [Requirement(r) for r in extra if Requirement(r).name == "transformer-engine"]
+    tested = requirement_of("megatron-core", "transformer-engine", extra="dev")
+    assert tested == "<2.12.0,>=2.9.0a0", "megatron-core's own tested range"
+    for v in ("2.8.0", "2.9.0", "2.10.0", "2.11.0", "2.12.0", "2.20.2"):
+        assert ours.specifier.contains(Version(v)) == Requirement(f"te{tested}").specifier.contains(
+            Version(v)
+        ), v
+    assert {"pytorch", "core_cu13"} <= ours.extras
+    assert Requirement(TE_INSTALL.split('"')[1]) == ours, "the install line the doctor and the model print"

@@ -15,9 +15,16 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     env = {"MASTER_PORT": str(free_port()), "MEGATRON_RL_DEVICE_GUARD": "1"}
     run_worker("tools/gpu_check.py", ["--device", "cpu", "--out", str(out)], timeout=600, env=env)
     report = json.loads(out.read_text())
-    checks = ("hf", "train", "preempt", "moe", "publish", "ckpt", "mfu", "telemetry")
+    checks = ("precision", "hf", "train", "preempt", "moe", "publish", "ckpt", "mfu", "telemetry")
     assert {c: report[c]["ok"] for c in checks} == dict.fromkeys(checks, True), report
     assert report["ok"] is True
+    # fp32 means fp32: TF32 off in torch, cuBLAS and Triton before CUDA starts, and measured (no TE here)
+    precision = report["precision"]
+    assert precision["settings"]["env"]["NVIDIA_TF32_OVERRIDE"] == "0"
+    assert precision["settings"]["env"]["TRITON_F32_DEFAULT"] == "ieee"
+    assert precision["settings"]["torch_matmul_allow_tf32"] is False
+    assert precision["measured"]["tf32"] is False and precision["measured"]["te_linear"] is None
+    assert precision["fp32_tolerance"] == report["hf"]["fp32_tolerance"] == report["moe"]["fp32_tolerance"] == 1e-4
     assert report["hf"]["max_abs_diff_vs_hf"]["fp32"] <= 1e-4
     assert "current_device" in report["hf"]["cpu_patches_applied"]  # CPU: the patches are what runs
     assert report["train"]["metrics"]["update_successful"] == 1.0 and report["train"]["max_param_change"] > 0

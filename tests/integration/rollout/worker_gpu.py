@@ -116,6 +116,9 @@ def trainer_checks(r, st):
 
 def main():
     from megatron_rl.layout import ParallelLayout
+    from megatron_rl.models.precision import strict_fp32
+
+    strict_fp32()  # fp32 engine vs fp32 HF at 1e-4: no TF32 (cuBLAS, torch, Triton), before CUDA starts
     from megatron_rl.trainer.parallel import init_parallel, launched_world
 
     st = init_parallel(

@@ -28,6 +28,10 @@ def main():
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
+    from megatron_rl.models.precision import strict_fp32
+
+    strict_fp32()  # vLLM's fused MoE is a Triton kernel: its fp32 tl.dot is TF32 unless told otherwise
+
     spec = ModelSpec.from_config(ModelConfig(hf_checkpoint=str(FIXTURE), params_dtype="fp32"))
     hf = load_file(str(FIXTURE / "model.safetensors"))
     model = AutoModelForCausalLM.from_pretrained(FIXTURE, dtype=torch.float32).eval()

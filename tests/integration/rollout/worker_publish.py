@@ -55,9 +55,9 @@ def round_of(policy, engine, pub, step, cfg):
     publish_s = time.perf_counter() - t
     rank = dist.get_rank()
     prompts = [LONG_PROMPT, [1 + rank, 2, 3, 4]]
-    samples = gather_engine_samples(engine, prompts, 2, SAMPLED)
+    samples = gather_engine_samples(engine, prompts, 2, SAMPLED, policy.state.cpu_group)
     stats = dict(engine.last_stream)
-    greedy = gather_engine_samples(engine, [LONG_PROMPT], 1, GREEDY)
+    greedy = gather_engine_samples(engine, [LONG_PROMPT], 1, GREEDY, policy.state.cpu_group)
     lp_fn = bind_trainer_logprobs(policy.logprobs, cfg.logprobs_mode, SAMPLED)
     report = check_samples(samples, lp_fn, THRESHOLD)
     greedy_report = check_samples(
@@ -81,12 +81,11 @@ def round_of(policy, engine, pub, step, cfg):
 def faulty_round(policy, engine, pub, layout):
     """Version 3: version 2's weights through a conversion fault; refused by the probe, rolled back."""
     thresholds = thresholds_for("fp32", "fp32")
-    group = dist.new_group(backend="gloo")
     rank = dist.get_rank()
     prober = Prober(
         probe_sequences(SPEC.vocab_size, 4, 32, seed=0),
         thresholds,
-        group,
+        policy.state.cpu_group,
         engine=engine,
         engine_index=rank,
         is_leader=True,
@@ -96,7 +95,7 @@ def faulty_round(policy, engine, pub, layout):
     faults = FaultInjector({3: "gate_up"}, SPEC, tp=2)
     named = faults.wrap(policy.named_parameters_global, lambda: pub.next_version)
     res = guard.publish(named, 2, prober)
-    greedy = gather_engine_samples(engine, [LONG_PROMPT], 1, GREEDY)
+    greedy = gather_engine_samples(engine, [LONG_PROMPT], 1, GREEDY, policy.state.cpu_group)
     again = prober(engine.version)  # the version served after the roll-back, against the same trainer
     return dict(
         activated=res.activated,

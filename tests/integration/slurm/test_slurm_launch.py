@@ -146,3 +146,15 @@ def test_tasks_and_gpus_per_node_must_match(slurm, tmp_path):
     log = slurm.log(job)
     assert job["ExitCode"] == "2:0", log
     assert "one rank per GPU needs --gpus-per-node=N and --ntasks-per-node=N" in log
+
+
+def test_a_gpu_recipe_on_nodes_without_cuda_stops_at_the_doctor(slurm, tmp_path):
+    """This node's torch has no CUDA: `megatron-rl doctor`, one task per node before any rank, refuses the
+    h100 cluster in one line and the job ends with exit 2; the ranks' entry never runs."""
+    args = [*TWO_RANKS, SBATCH, "grpo_tiny_cpu", "cluster=h100_80gb", "cluster.gpus_per_node=2"]
+    job_id = slurm.sbatch(args, cwd=tmp_path, env={"MEGATRON_RL_ENTRY": CHECK})
+    job = slurm.wait(job_id, timeout=90)
+    log = slurm.log(job)
+    assert job["ExitCode"] == "2:0", log
+    assert "refused: CUDA: cluster h100_80gb is a GPU cluster (gpu=h100) but CUDA is unavailable here" in log
+    assert "doctor refused this job (exit 2): no rank started" in log and "CHECK_DIST" not in log

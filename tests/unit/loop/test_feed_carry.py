@@ -55,7 +55,16 @@ def _colocated_feed(monkeypatch, start=0):
     monkeypatch.setattr(feed_mod, "collect_batch", collect)
     timeshare = NS(to_train=lambda: None)
     run = NS(timer=None)
-    f = feed_mod.Feed(_cfg(), NS(), run, None, task, None, start, colocated=(timeshare, None, 0, True, None))
+    f = feed_mod.Feed(
+        _cfg(),
+        NS(job_cpu_group=None),
+        run,
+        None,
+        task,
+        None,
+        start,
+        colocated=(timeshare, None, 0, True, None),
+    )
     monkeypatch.setattr(feed_mod, "carry_record", lambda carry, task: list(carry))
     return f
 

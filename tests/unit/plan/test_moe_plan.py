@@ -138,3 +138,32 @@ def test_dense_plan_has_no_moe_sections(ref):
     data = build_report(inp, layout, with_search=False).to_json()
     assert "alltoall" not in data and "active_params" not in data["model"]
     assert trainer_memory(inp, layout)["params"] / GIB > 0
+
+
+def test_the_moe_training_time_follows_the_expert_gemms_that_run():
+    """A GPU cluster runs transformer-engine's grouped expert GEMMs (inside the assumed MFU); a CPU cluster
+    (the local spec) one GEMM per expert, launch-bound: PER_EXPERT_FORWARD_S per local expert, MoE layer
+    and microbatch forward, twice that backward (models/experts.py, plan/cycle.py)."""
+    import math
+
+    from megatron_rl.config.load import load_recipe
+    from megatron_rl.plan.cycle import trainer_phases
+    from megatron_rl.plan.inputs import PER_EXPERT_FORWARD_S, inputs_from_recipe
+
+    gpu = inputs_from_recipe(load_recipe(RECIPE))
+    assert gpu.assume.expert_gemm == "grouped"
+    assert inputs_from_recipe(load_recipe("grpo_tiny_moe_cpu")).assume.expert_gemm == "per_expert"
+    lay = ParallelLayout.from_config(load_recipe(RECIPE).layout)
+    per_expert = dataclasses.replace(gpu, assume=dataclasses.replace(gpu.assume, expert_gemm="per_expert"))
+    grouped, per = trainer_phases(gpu, lay), trainer_phases(per_expert, lay)
+    w, s = gpu.work, gpu.spec
+    local_expert_layers = (s.num_layers // lay.pp) * (s.num_experts // lay.ep)  # 24 x 16 on this layout
+
+    def microbatches(sequences: int) -> int:
+        return math.ceil(math.ceil(sequences / lay.dp) / w.micro_batch_size)
+
+    one = local_expert_layers * PER_EXPERT_FORWARD_S
+    train = w.minibatches * microbatches(w.samples // w.minibatches) * one * 3  # forward + 2 x backward
+    assert per["train_fwd_bwd"] - grouped["train_fwd_bwd"] == pytest.approx(train)
+    assert per["ref_logprobs"] - grouped["ref_logprobs"] == pytest.approx(microbatches(w.samples) * one)
+    assert per["optimizer"] == grouped["optimizer"]

@@ -33,6 +33,17 @@ def to_host(t):
 
 def to_device(t, device):
     return t.to(device)
+
+def gather(obj, group=None):
+    import torch.distributed as dist
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+def broadcast(box, group=None):
+    import torch.distributed as dist
+    dist.broadcast_object_list(box, 0, group)  # the group passed positionally
+    return box
 """
 
 
@@ -90,7 +101,23 @@ def test_collectives_refuse_what_a_gpu_refuses(guarded):
     dist.broadcast(p.host(1), 0, guarded.cpu_group)  # the group passed positionally
 
 
-def test_object_collectives_on_device_groups_stay_small(guarded):
+def test_our_object_collectives_on_a_device_group_fail_whatever_their_size(guarded):
+    """NCCL stages every object collective's payload on the GPU: ours go over a gloo group, always."""
+    p = guarded.probe
+    with pytest.raises(G.DeviceDisciplineError, match="all_gather_object from megatron_rl.loop._guard_probe"):
+        p.gather({"k": 1})
+    with pytest.raises(G.DeviceDisciplineError, match="broadcast_object_list .* device"):
+        p.broadcast([1])
+    assert p.gather({"k": 1}, group=guarded.cpu_group) == [{"k": 1}]
+    assert p.broadcast([1], guarded.cpu_group) == [1]
+    wrapped = {"all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+               "send_object_list", "recv_object_list"}  # fmt: skip
+    assert set(G.OBJECT_COLLECTIVES) == wrapped
+    assert all(getattr(dist, name) is not G._INSTALLED[name] for name in wrapped)
+
+
+def test_other_codes_object_collectives_on_device_groups_stay_small(guarded):
+    """megatron-core's own (dist_checkpointing metadata) are its business, up to a size."""
     out = [None]
     dist.all_gather_object(out, {"k": 1})
     big = torch.zeros(G.OBJECT_LIMIT_BYTES // 4 + 16)
