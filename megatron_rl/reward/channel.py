@@ -71,12 +71,11 @@ class Channel:
         except wire.WireError as e:
             raise TypeError(f"cannot pass this to the solution: {e}") from None
         reply = self.exchange(msg)
-        if (
-            isinstance(reply, dict)
-            and isinstance(reply.get("raise"), list)
-            and reply["raise"][:1] == ["MemoryError"]
-        ):
-            self.memory_error = True
+        if isinstance(reply, dict):
+            if isinstance(reply.get("raise"), list) and reply["raise"][:1] == ["MemoryError"]:
+                self.memory_error = True
+            if kind == "call" and "mutated" in reply:  # before what it raised: a mutation then a raise
+                testrunner.apply_mutations(op[2], op[3], reply["mutated"], self._make_handle)
         return testrunner.decode_reply(reply, self._make_handle)
 
     def exchange(self, msg: dict) -> Any:

@@ -190,6 +190,7 @@ def _solution_main(job: dict, sol_fd: int, req_r: int, resp_w: int, out_w: int) 
     os.close(sol_fd)
     source = msg["code"] if isinstance(msg, dict) and isinstance(msg.get("code"), str) else ""
     stdio_mode = isinstance(msg, dict) and msg.get("stdio") is True  # a program per stdin/stdout pair
+    entry = msg.get("entry_point") if isinstance(msg, dict) else None
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
     _apply_limits(job)
@@ -199,7 +200,9 @@ def _solution_main(job: dict, sol_fd: int, req_r: int, resp_w: int, out_w: int) 
         wire.send_frame(resp_w, {"load": "error", "type": "SandboxError", "error": str(e)[:500]})
         os._exit(0)
     try:
-        code = compile(source, "<solution>", "exec")
+        # dont_inherit: this module's own `from __future__ import annotations` must not apply to the
+        # solution (an annotation naming nothing would then pass here and fail in plain Python).
+        code = compile(source, "<solution>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as e:  # ValueError: NUL bytes in the source
         wire.send_frame(resp_w, {"load": "syntax_error", "error": f"{type(e).__name__}: {e}"[:500]})
         os._exit(0)
@@ -216,7 +219,8 @@ def _solution_main(job: dict, sol_fd: int, req_r: int, resp_w: int, out_w: int) 
         _print_traceback(e)
         wire.send_frame(resp_w, {"load": "error", "type": type(e).__name__, "error": str(e)[:500]})
         os._exit(0)
-    names = [k for k in list(module) if isinstance(k, str) and not k.startswith("__")][:10000]
+    # Only the entry point is ever bound for the tests (testplan rule 6): nothing else is announced.
+    names = [entry] if isinstance(entry, str) and entry in module else []
     _flush()
     wire.send_frame(resp_w, {"load": "ok", "names": names, "values": _plain_values(module, names)})
     _serve(module, req_r, resp_w)
@@ -261,7 +265,11 @@ def _serve(module: dict, req_r: int, resp_w: int) -> None:
             op, target = req["op"], resolve(req["ref"])
             if op == "call":
                 args = wire.decode(req["args"], resolve)
-                value = target(*args, **wire.decode(req["kwargs"], resolve))
+                kwargs = wire.decode(req["kwargs"], resolve)
+                if testrunner.holds_mutable(args) or testrunner.holds_mutable(list(kwargs.values())):
+                    _serve_mutating_call(target, args, kwargs, to_handle, resp_w)
+                    continue
+                value = target(*args, **kwargs)
             elif op == "get":
                 value = getattr(target, req["name"])
             elif op == "getitem":
@@ -276,6 +284,21 @@ def _serve(module: dict, req_r: int, resp_w: int) -> None:
             reply = {"raise": [type(e).__name__, str(e)[:500]]}
         _flush()
         wire.send_frame(resp_w, reply)
+
+
+def _serve_mutating_call(target: Any, args: list, kwargs: dict, to_handle: Any, resp_w: int) -> None:
+    """A call whose arguments the solution may change: the reply says what they hold afterwards."""
+    try:
+        reply: dict[str, Any] = {"ok": wire.encode(target(*args, **kwargs), to_handle)}
+    except BaseException as e:
+        _print_traceback(e)
+        reply = {"raise": [type(e).__name__, str(e)[:500]]}
+    try:
+        reply["mutated"] = [wire.encode(args, to_handle), wire.encode(kwargs, to_handle)]
+    except BaseException:  # too deep now, or a hostile object: the test's arguments stay as they were
+        pass
+    _flush()
+    wire.send_frame(resp_w, reply)
 
 
 def _print_traceback(e: BaseException) -> None:
@@ -338,7 +361,7 @@ def _run_job(job: dict, tests_fd: int, channel: Channel) -> dict:
             if "plan" in tests:  # planned by the host (trusted, like the tests themselves)
                 plan = testplan.plan_from_wire(tests["plan"])
             else:
-                plan = testrunner.plan_tests(tests["tests"], entry_point)
+                plan = testrunner.plan_tests(tests["tests"], entry_point, tests.get("prefix") or "")
             total = plan.total
     except (SyntaxError, ValueError, TypeError) as e:
         return {"status": "sandbox_error", "passed": 0, "total": 0, "failures": [f"unusable tests: {e}"]}
@@ -363,7 +386,7 @@ def _run_job(job: dict, tests_fd: int, channel: Channel) -> dict:
     else:
         names = load.get("names") if isinstance(load.get("names"), list) else []
         values = load.get("values") if isinstance(load.get("values"), dict) else {}
-        namespace = testrunner.bind_solution(plan, names, values, entry_point, channel.request)
+        namespace = testrunner.bind_solution(plan, names, values, channel.request)
         outcome = testrunner.run_units(plan, namespace)
     status = channel.status_override()
     if status is None:
