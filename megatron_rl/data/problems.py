@@ -88,14 +88,18 @@ class Problem:
             isinstance(self.entry_point, str) and self.entry_point.isidentifier()
         ):
             raise ValueError(f"{where}: 'entry_point' must be a Python identifier; got {self.entry_point!r}")
+        from megatron_rl.reward.sandbox import MAX_TIMEOUT_S  # the one bound, where jobs run (cached)
+
         if self.timeout_s is not None and (
             isinstance(self.timeout_s, bool)
             or not isinstance(self.timeout_s, (int, float))
             or not math.isfinite(self.timeout_s)
             or self.timeout_s <= 0
+            or self.timeout_s > MAX_TIMEOUT_S
         ):
             raise ValueError(
-                f"{where}: 'timeout_s' must be a positive, finite number of seconds; got {self.timeout_s!r}"
+                f"{where}: 'timeout_s' must be a positive, finite number of seconds, at most {MAX_TIMEOUT_S} "
+                f"(a day); got {self.timeout_s!r}"
             )
         if not isinstance(self.prefix, str):
             raise ValueError(

@@ -86,7 +86,8 @@ UNSAFE_WARNING = (
 
 
 # The longest wall-clock limit a job may have: a day, past any test a run could wait for. Past it the
-# timers overflow (RLIMIT_CPU, select(); `reward.timeout_s=1e10` ended in an OverflowError).
+# timers overflow (RLIMIT_CPU, select(); `reward.timeout_s=1e10` ended in an OverflowError). The recipe's
+# reward.timeout_s (check_ranges) and a problem's own timeout_s (data/problems) are held to it.
 MAX_TIMEOUT_S = 24 * 3600
 
 
