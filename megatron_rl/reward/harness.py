@@ -18,7 +18,12 @@ host's files and other processes; inside it, each job is split so the verdict ca
   messages: calls go out as encoded arguments, answers come back through `wire.decode`, which builds
   exact built-in values. Comparisons, truth tests and hashing of what U returned run on those plain
   values, in T; objects with a rigged `__eq__` cannot cross (they arrive as opaque handles that refuse
-  comparison). Monkeypatching anything in U changes nothing in T.
+  comparison). Monkeypatching anything in U changes nothing in T. U announces one name, the entry point
+  (the tests bind nothing else from it: testplan rule 6); after a call whose arguments hold mutable
+  values it reports their new contents, which T writes back into the tests' own objects.
+- What a unit must prove to pass is gathered in T as the tests run (`proof.py`: every assertion of
+  the unit ran and held, no AssertionError passed through the tests' code even if caught); U cannot
+  reach the counts, and what it cannot make T see proven fails.
 - Only T holds the result pipe. U is forked before T reads the tests and closes every descriptor but
   its own channel; T is non-dumpable and has dropped its capabilities, so U can neither open
   /proc/T/fd nor ptrace T. Whatever U writes to stdout is output, never a verdict, and `sys.exit(0)` or

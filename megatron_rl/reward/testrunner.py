@@ -13,8 +13,9 @@ expected answer is exactly the question a reward hacker wants to answer.
 Two more things keep the remote model faithful to running the code in one process:
 - An object's sequence protocol is answered once: the first `iter`, `len`, `in` or index (an int or a
   slice) materialises it (the solution iterates it, at most 100,000 items) and every later question is
-  answered here from that one list. An object cannot then say one thing to `iter` and another to
-  `[i]` or `len`. Indexing it by anything else is refused.
+  answered here from that one list, until the tests touch one of its attributes (a method such as
+  `sort` may change it). An object cannot then say one thing to `iter` and another to `[i]` or `len`.
+  Indexing it by anything else is refused.
 - Arguments the solution mutates are mutated here too: after a call whose arguments hold lists, dicts,
   sets or bytearrays, the solution sends back their new contents and the test's own objects are
   updated in place, so a test that checks (or relies on) an argument after the call sees what the
@@ -100,6 +101,7 @@ class RemoteObject:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
+        object.__setattr__(self, "_items", None)  # a method may change the object: ask again next time
         return self._call(["get", self._ref, name])
 
     def _sequence(self) -> list:

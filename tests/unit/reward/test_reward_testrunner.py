@@ -80,6 +80,9 @@ def test_a_returned_object_answers_iteration_length_and_indexing_from_one_materi
     assert solution.asked == ["list"]
     with pytest.raises(TypeError, match="index only by int or slice"):
         obj["key"]
+    with pytest.raises(AssertionError):  # the stand-in answers no "get"; the object is asked again after
+        _ = obj.sort
+    assert list(obj) == [1, 2, 3] and solution.asked == ["list", "get", "list"]
 
 
 def test_remote_errors_map_to_builtin_exception_types_only():
