@@ -47,7 +47,17 @@ from megatron_rl.data.sources import BUNDLED, read_records
 __all__ = ["BUNDLED", "FIELDS", "Problem", "load_problem", "load_problems", "problem_from_dict"]
 
 # The fields a record may set; `data.columns` maps these names to a dataset's own.
-FIELDS = ("id", "prompt", "tests", "input_output", "entry_point", "timeout_s", "answer", "prefix")
+FIELDS = (
+    "id",
+    "prompt",
+    "tests",
+    "input_output",
+    "entry_point",
+    "timeout_s",
+    "answer",
+    "prefix",
+    "interface",
+)
 _LOOSE_IO_KEYS = ("inputs", "outputs", "stdin", "stdout")  # pair halves in columns of their own
 # Every pair goes to the sandbox in one frame (16 MiB, JSON-escaped): keep well under it.
 MAX_IO_BYTES = 6 << 20
@@ -61,7 +71,9 @@ class Problem:
     (stdin, expected stdout) pairs for a completion that is a whole program (one or the other);
     `answer` serves in-process verifiers (a math answer) instead. `timeout_s` bounds the whole run
     (importing the code and every test) in wall-clock seconds; None takes the reward config's timeout.
-    `prefix` is the problem's own code, run before the completion (module docstring).
+    `prefix` is the problem's own code, run before the completion (module docstring). `interface`
+    names what else the solution must define for the tests to call (MBPP's `Pair` next to its entry
+    point: `public.py`); nothing else of the solution reaches the tests.
     """
 
     id: str
@@ -73,6 +85,7 @@ class Problem:
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     io_tests: tuple[tuple[str, str], ...] = ()
     prefix: str = ""
+    interface: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"problem {self.id!r}"
@@ -101,6 +114,12 @@ class Problem:
                 f"{where}: 'timeout_s' must be a positive, finite number of seconds, at most {MAX_TIMEOUT_S} "
                 f"(a day); got {self.timeout_s!r}"
             )
+        names = tuple(self.interface) if isinstance(self.interface, (list, tuple)) else None
+        if names is None or not all(isinstance(n, str) and n.isidentifier() for n in names):
+            raise ValueError(
+                f"{where}: 'interface' must be a list of Python identifiers; got {self.interface!r}"
+            )
+        object.__setattr__(self, "interface", names)
         if not isinstance(self.prefix, str):
             raise ValueError(
                 f"{where}: 'prefix' must be Python source as a string; got {type(self.prefix).__name__}"
@@ -134,7 +153,7 @@ class Problem:
         from megatron_rl.reward.testplan import plan_tests  # data does not need reward otherwise
 
         try:
-            return plan_tests(self.tests, self.entry_point, self.prefix).entry_point
+            return plan_tests(self.tests, self.entry_point, self.prefix, self.interface).entry_point
         except SyntaxError as e:
             raise ValueError(
                 f"problem {self.id!r}: its tests do not parse: {e.msg} (line {e.lineno})"

@@ -18,9 +18,14 @@ MBPP (google-research/mbpp: `task_id, text, code, test_list, test_setup_code, ch
   The harness runs `exec(code + "\n" + test_setup_code + "\n" + "\n".join(test_list))`. Here: id =
   task_id; prompt = the text, then "Your code should pass these tests:" and the asserts (the paper's
   prompt: the tests name the function and its arguments); tests = test_setup_code (or test_imports)
-  and test_list, one unit per assert; the entry point is the one name the tests read that nothing else
-  defines (MBPP names none; testplan rule 6). challenge_test_list is kept as metadata, not graded (the
-  published evaluation uses test_list); `code` is kept as metadata `solution`.
+  and test_list, one unit per assert; the entry point (MBPP names none) is the one function the
+  reference `code` defines that the tests call (MBPP 126 names it `sum`, over the built-in), else the
+  one name the tests read that nothing else defines (testplan rule 6); the classes the reference
+  defines that the tests construct (`Pair` in 601, `Node` in 367 and 927) are the problem's declared
+  `interface`: the solution defines them too, and the tests call them, build objects with them and set
+  their attributes. A constant of the reference (`MOD`) is never part of it. challenge_test_list is kept
+  as metadata, not graded (the published evaluation uses test_list); `code` is kept as metadata
+  `solution`.
 APPS / TACO (`question, solutions, input_output, starter_code`; APPS adds `problem_id`).
   `input_output` (a JSON string or object) with `fn_name` is call-based: each case calls the function
   (`Solution().fn_name(*inputs)` when the starter code defines `class Solution`, else `fn_name(*inputs)`)
@@ -40,6 +45,7 @@ APPS / TACO (`question, solutions, input_output, starter_code`; APPS adds `probl
 
 from __future__ import annotations
 
+import ast
 import json
 from typing import Any
 
@@ -115,7 +121,30 @@ def _mbpp(r: dict) -> dict:
         out["id"] = str(r["task_id"])
     if isinstance(r.get("code"), str):
         out["solution"] = r["code"]
+        entry, interface = _called_definitions(r["code"], [*setup_lines, *asserts])
+        if entry:
+            out["entry_point"] = entry
+        if interface:
+            out["interface"] = interface
     return out
+
+
+def _called_definitions(code: str, tests: list[str]) -> tuple[str | None, list[str]]:
+    """(the one top-level function of `code` the tests call, the classes of `code` they call); (None,
+    []) when that is not one function."""
+    try:
+        tree = ast.parse(code)
+        called = {
+            n.func.id
+            for t in tests
+            for n in ast.walk(ast.parse(t))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+        }
+    except (SyntaxError, ValueError):
+        return None, []
+    functions = sorted(s.name for s in tree.body if isinstance(s, ast.FunctionDef) and s.name in called)
+    classes = sorted(s.name for s in tree.body if isinstance(s, ast.ClassDef) and s.name in called)
+    return (functions[0], classes) if len(functions) == 1 else (None, [])
 
 
 def _apps(r: dict) -> dict:

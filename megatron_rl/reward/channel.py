@@ -68,6 +68,8 @@ class Channel:
                 msg["name"] = op[2]
             elif kind == "getitem":
                 msg["key"] = wire.encode(op[2], self._handle_ref)
+            elif kind == "set":
+                msg["name"], msg["value"] = op[2], wire.encode(op[3], self._handle_ref)
         except wire.WireError as e:
             raise TypeError(f"cannot pass this to the solution: {e}") from None
         reply = self.exchange(msg)
@@ -117,7 +119,8 @@ class Channel:
         if not isinstance(body, dict) or type(body.get("id")) is not int:
             raise wire.WireError("malformed handle")
         type_name = body.get("type") if isinstance(body.get("type"), str) else "object"
-        return testrunner.RemoteObject(self.request, {"h": body["id"]}, type_name[:60])
+        truth = body.get("truth") if type(body.get("truth")) is bool else None
+        return testrunner.RemoteObject(self.request, {"h": body["id"]}, type_name[:60], truth)
 
     # ---- the event loop ----------------------------------------------------------------------
 

@@ -18,8 +18,9 @@ host's files and other processes; inside it, each job is split so the verdict ca
   messages: calls go out as encoded arguments, answers come back through `wire.decode`, which builds
   exact built-in values. Comparisons, truth tests and hashing of what U returned run on those plain
   values, in T; objects with a rigged `__eq__` cannot cross (they arrive as opaque handles that refuse
-  comparison). Monkeypatching anything in U changes nothing in T. U announces one name, the entry point
-  (the tests bind nothing else from it: testplan rule 6); after a call whose arguments hold mutable
+  comparison). Monkeypatching anything in U changes nothing in T. U announces only the entry point and
+  the interface the problem declares (the tests bind nothing else from it: testplan rule 6); after a
+  call whose arguments hold mutable
   values it reports their new contents, which T writes back into the tests' own objects.
 - What a unit must prove to pass is gathered in T as the tests run (`proof.py`: every assertion of
   the unit ran and held, no AssertionError passed through the tests' code even if caught); U cannot
@@ -195,7 +196,7 @@ def _solution_main(job: dict, sol_fd: int, req_r: int, resp_w: int, out_w: int) 
     os.close(sol_fd)
     source = msg["code"] if isinstance(msg, dict) and isinstance(msg.get("code"), str) else ""
     stdio_mode = isinstance(msg, dict) and msg.get("stdio") is True  # a program per stdin/stdout pair
-    entry = msg.get("entry_point") if isinstance(msg, dict) else None
+    wanted = msg.get("names") if isinstance(msg, dict) and isinstance(msg.get("names"), list) else []
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
     _apply_limits(job)
@@ -224,8 +225,9 @@ def _solution_main(job: dict, sol_fd: int, req_r: int, resp_w: int, out_w: int) 
         _print_traceback(e)
         wire.send_frame(resp_w, {"load": "error", "type": type(e).__name__, "error": str(e)[:500]})
         os._exit(0)
-    # Only the entry point is ever bound for the tests (testplan rule 6): nothing else is announced.
-    names = [entry] if isinstance(entry, str) and entry in module else []
+    # Only the entry point (and the problem's declared interface) is ever bound for the tests
+    # (testplan rule 6): nothing else is announced.
+    names = [n for n in wanted if isinstance(n, str) and n in module]
     _flush()
     wire.send_frame(resp_w, {"load": "ok", "names": names, "values": _plain_values(module, names)})
     _serve(module, req_r, resp_w)
@@ -255,7 +257,11 @@ def _serve(module: dict, req_r: int, resp_w: int) -> None:
 
     def to_handle(value: Any) -> dict:
         handles[len(handles) + 1] = value
-        return {"$h": {"id": len(handles), "type": type(value).__name__[:60]}}
+        try:  # its truth, as of now: a lie is no more than returning that bool (testrunner.RemoteObject)
+            truth = bool(value)
+        except BaseException:
+            truth = None
+        return {"$h": {"id": len(handles), "type": type(value).__name__[:60], "truth": truth}}
 
     def resolve(ref: Any) -> Any:
         if isinstance(ref, dict) and "h" in ref:
@@ -279,6 +285,9 @@ def _serve(module: dict, req_r: int, resp_w: int) -> None:
                 value = getattr(target, req["name"])
             elif op == "getitem":
                 value = target[wire.decode(req["key"], resolve)]
+            elif op == "set":
+                setattr(target, req["name"], wire.decode(req["value"], resolve))
+                value = None
             elif op == "len":
                 value = len(target)
             else:  # "list"

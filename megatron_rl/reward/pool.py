@@ -218,6 +218,7 @@ class RewardPool:
             timeout,
             io_tests=problem.io_tests,
             prefix=problem.prefix,
+            interface=problem.interface,
         )
         status = rec.get("status") if rec.get("status") in STATUSES else SANDBOX_ERROR
         passed, total = int(rec.get("passed", 0)), int(rec.get("total", 0))

@@ -291,6 +291,7 @@ class Sandbox:
         timeout_s: float | None = None,
         io_tests: Sequence[tuple[str, str]] = (),
         prefix: str = "",
+        interface: Sequence[str] = (),
     ) -> dict:
         """Run `tests` against `code`. Returns status, passed, total, output_tail, seconds.
 
@@ -322,8 +323,8 @@ class Sandbox:
             if io_tests:
                 payloads = [{"code": code, "stdio": True}, {"io": [[i, o] for i, o in io_tests]}]
             else:
-                planned = self._tests_payload(tests, entry_point, prefix)
-                payloads = [{"code": code, "entry_point": planned["entry_point"]}, planned]
+                planned = self._tests_payload(tests, entry_point, prefix, tuple(interface))
+                payloads = [{"code": code, "names": planned["names"]}, planned]
             for fd, payload in zip((sol_w, tests_w), payloads):
                 os.set_blocking(fd, False)
                 try:
@@ -365,19 +366,20 @@ class Sandbox:
         record["seconds"] = time.monotonic() - start
         return record
 
-    def _tests_payload(self, tests: str, entry_point: str | None, prefix: str) -> dict:
+    def _tests_payload(self, tests: str, entry_point: str | None, prefix: str, interface: tuple) -> dict:
         """The tests as the runner needs them: planned here once per problem (cached), else as source.
 
-        `entry_point` in the result is the plan's (given, or inferred from the tests): the solution
-        process announces that name alone."""
-        key = (tests, entry_point, prefix)
+        `names` in the result are the plan's solution names (the entry point, given or inferred from the
+        tests, and the declared interface): the solution process announces those alone."""
+        key = (tests, entry_point, prefix, interface)
         payload = _PLANS.get(key)
         if payload is None:
             try:
-                plan = testplan.plan_tests(tests, entry_point, prefix)
-                payload = {"plan": testplan.plan_to_wire(plan), "entry_point": plan.entry_point}
+                plan = testplan.plan_tests(tests, entry_point, prefix, interface)
+                payload = {"plan": testplan.plan_to_wire(plan), "names": plan.solution_names}
             except (SyntaxError, ValueError):  # the runner reports it, as for any unusable tests
-                payload = {"tests": tests, "prefix": prefix, "entry_point": entry_point}
+                names = [n for n in (entry_point, *interface) if n]
+                payload = {"tests": tests, "prefix": prefix, "entry_point": entry_point, "names": names}
             with _PLANS_LOCK:  # worker threads share the cache
                 if len(_PLANS) >= 4096:
                     _PLANS.pop(next(iter(_PLANS)))

@@ -30,9 +30,10 @@ assertion method (`self.assertEqual(...)`, `self.fail()`: `assertsites`).
 6. Names. A name the tests read resolves to, in this order: what the tests bind at module level; what
    the problem's code binds (`prefix`: HumanEval's prompt, APPS's starter code), which the runner runs
    first (only when the tests read a name from it); a built-in; a standard-library module (imported by
-   the runner); or the entry point, the one name that comes from the solution. With no entry point
-   given, the one name the tests read that none of the others binds is the entry point (MBPP rows
-   name none). A solution's other names, its `MOD`, its own `check` or `exit`, never reach the tests.
+   the runner); or the entry point, which comes from the solution, as do the further names the problem
+   declares as its interface (MBPP's classes that the tests construct, `Pair`, `Node`: `public.py`).
+   With no entry point given, the one name the tests read that none of the others binds is the entry
+   point. A solution's other names, its `MOD`, its own `check` or `exit`, never reach the tests.
 
 The verdict, which `testrunner.run_units` applies with `proof.Recorder`: a unit passes only when it ran
 to the end without raising (SystemExit included), no AssertionError passed through the tests' own code
@@ -124,14 +125,23 @@ class TestPlan:
     entry_point: str | None  # given, or inferred (rule 6)
     prefix: CodeType | None  # the problem's code, run first, when the tests read a name only it binds
     imports: list[str]  # standard-library modules the tests read without importing them
+    interface: list[str]  # the solution's further names the problem declares (rule 6)
+
+    @property
+    def solution_names(self) -> list[str]:
+        """Every name the tests take from the solution: the entry point and the declared interface."""
+        return [n for n in [self.entry_point, *self.interface] if n]
 
     @property
     def total(self) -> int:
         return len(self.units)
 
 
-def plan_tests(source: str, entry_point: str | None, prefix: str = "") -> TestPlan:
-    """Plan test source (see the module docstring). Raises SyntaxError, or TestShapeError (a ValueError)."""
+def plan_tests(
+    source: str, entry_point: str | None, prefix: str = "", interface: tuple[str, ...] | list[str] = ()
+) -> TestPlan:
+    """Plan test source (see the module docstring). `interface`: further names of the solution the
+    problem declares (MBPP's `Pair`, rule 6). Raises SyntaxError, or TestShapeError (a ValueError)."""
     tree = ast.parse(source, "<tests>")
     every = list(ast.walk(tree))
     body = _hoist_main(tree.body)
@@ -140,9 +150,12 @@ def plan_tests(source: str, entry_point: str | None, prefix: str = "") -> TestPl
     prefix_tree = _parse_or_none(prefix)
     prefix_bound = module_bound_names(prefix_tree.body, list(ast.walk(prefix_tree))) if prefix_tree else set()
     free = _global_reads(source) - bound - BUILTINS - {"__name__"}
-    entry_point = entry_point or _infer_entry_point(free - prefix_bound, every)
-    refuse_unjudgeable(every, body, defs, entry_point, bound)
-    unresolved = sorted(free - prefix_bound - {entry_point} - set(sys.stdlib_module_names))
+    declared = set(interface) - {entry_point}
+    entry_point = entry_point or _infer_entry_point(free - prefix_bound - declared, every)
+    for name in [entry_point, *sorted(declared)]:
+        refuse_unjudgeable(every, body, defs, name, bound)
+    solution = {entry_point, *declared}
+    unresolved = sorted(free - prefix_bound - solution - set(sys.stdlib_module_names))
     if unresolved:
         raise TestShapeError(
             _line_of(unresolved[0], every),
@@ -162,10 +175,10 @@ def plan_tests(source: str, entry_point: str | None, prefix: str = "") -> TestPl
         Step(_compile_stmt(stmt) if isinstance(stmt, ast.stmt) else stmt, kind, unit, label, line)
         for stmt, kind, unit, label, line in planner.steps
     ]
-    from_prefix = (free & prefix_bound) - {entry_point}
+    from_prefix = (free & prefix_bound) - solution
     prefix_code = compile(prefix, "<problem>", "exec", **_FLAGS) if from_prefix and prefix_tree else None
-    imports = sorted((free - prefix_bound - {entry_point}) & set(sys.stdlib_module_names))
-    plan = TestPlan(steps, planner.units, sites.lines, entry_point, prefix_code, imports)
+    imports = sorted((free - prefix_bound - solution) & set(sys.stdlib_module_names))
+    plan = TestPlan(steps, planner.units, sites.lines, entry_point, prefix_code, imports, sorted(declared))
     if plan.total == 0:
         raise TestShapeError(
             1, "the tests contain no assert, no test function and no unittest case: nothing to pass"
@@ -533,6 +546,7 @@ def plan_to_wire(plan: TestPlan) -> dict:
         "entry_point": plan.entry_point,
         "prefix": _code_to_text(plan.prefix) if plan.prefix is not None else None,
         "imports": plan.imports,
+        "interface": plan.interface,
     }
 
 
@@ -546,4 +560,5 @@ def plan_from_wire(data: dict) -> TestPlan:
         Unit(str(label), int(line), frozenset(lex), frozenset(att)) for label, line, lex, att in data["units"]
     ]
     prefix = marshal.loads(base64.b64decode(data["prefix"])) if data["prefix"] is not None else None
-    return TestPlan(steps, units, list(data["sites"]), data["entry_point"], prefix, list(data["imports"]))
+    imports, interface = list(data["imports"]), list(data["interface"])
+    return TestPlan(steps, units, list(data["sites"]), data["entry_point"], prefix, imports, interface)

@@ -7,8 +7,10 @@ solution lives in another process and is reached through `RemoteObject`s: callin
 arguments across (`wire.encode`), and what comes back is decoded into plain built-in values, so every
 comparison an `assert` makes runs here, on values the solution cannot forge. Objects the codec cannot
 carry (instances of the solution's classes, generators) come back as handles whose methods may be
-called but which refuse `==`, `bool()` and hashing: asking an opaque object whether it equals the
-expected answer is exactly the question a reward hacker wants to answer.
+called but which refuse `==`, ordering and hashing: asking an opaque object whether it equals the
+expected answer is exactly the question a reward hacker wants to answer. Their truth is the one the
+solution's process computed as it returned them, once (MBPP's `assert text_match(s)` on an `re.Match`):
+any answer there is one the solution could have returned as a bool.
 
 Two more things keep the remote model faithful to running the code in one process:
 - An object's sequence protocol is answered once: the first `iter`, `len`, `in` or index (an int or a
@@ -87,13 +89,16 @@ def raise_remote(type_name: Any, message: Any) -> None:
 class RemoteObject:
     """Something the solution owns: its entry point, or an object it returned that had no plain form."""
 
-    __slots__ = ("_call", "_ref", "_type", "_items")
+    __slots__ = ("_call", "_ref", "_type", "_items", "_truth")
 
-    def __init__(self, call: Callable[[list], Any], ref: dict, type_name: str = "object") -> None:
+    def __init__(
+        self, call: Callable[[list], Any], ref: dict, type_name: str = "object", truth: bool | None = None
+    ) -> None:
         object.__setattr__(self, "_call", call)
         object.__setattr__(self, "_ref", ref)
         object.__setattr__(self, "_type", type_name)
         object.__setattr__(self, "_items", None)
+        object.__setattr__(self, "_truth", truth)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._call(["call", self._ref, list(args), kwargs])
@@ -140,19 +145,33 @@ class RemoteObject:
             "truth: return plain values (numbers, strings, lists, tuples, dicts, sets)"
         )
 
-    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __hash__ = _opaque
+    def __bool__(self) -> bool:
+        """The truth the solution's process gave the object when it returned it (`re.match(...)` is
+        true); a lie is no more than returning that bool. Without one (an entry point, a truth that
+        raised), refused like a comparison."""
+        if self._truth is None:
+            return self._opaque()
+        return self._truth
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = _opaque
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise TypeError("tests cannot set attributes on the solution's objects")
+        """`root.left = Node(2)` (MBPP builds trees so): the solution's object takes the value, which
+        crosses as any argument does."""
+        if name.startswith("__"):
+            raise TypeError("tests cannot set special attributes on the solution's objects")
+        object.__setattr__(self, "_items", None)
+        self._call(["set", self._ref, name, value])
 
 
 def bind_solution(plan: TestPlan, solution_names: list, values: dict, call: Callable[[list], Any]) -> dict:
-    """The namespace tests run in: the runner's helpers, and the solution's entry point.
+    """The namespace tests run in: the runner's helpers, and the solution's entry point (with the
+    interface names the problem declares).
 
-    Nothing else of the solution is bound (testplan rule 6). An entry point that is top-level data
-    (`ans = 42`) arrives in `values`, encoded, and is bound as the plain value it decodes to; a
-    function, class or other object is bound as a RemoteObject. When the solution does not define the
-    entry point it is left unbound, and `run_units` fails every unit before running any.
+    Nothing else of the solution is bound (testplan rule 6). A name that is top-level data (`ans = 42`)
+    arrives in `values`, encoded, and is bound as the plain value it decodes to; a function, class or
+    other object is bound as a RemoteObject. A name the solution does not define is left unbound, and
+    `run_units` fails every unit before running any.
     """
     namespace: dict[str, Any] = {
         "__name__": "__main__",
@@ -164,16 +183,17 @@ def bind_solution(plan: TestPlan, solution_names: list, values: dict, call: Call
         "exit": _exit,  # what `site` gives a script; never the solution's
         "quit": _exit,
     }
-    name = plan.entry_point
-    if not name or name not in {n for n in solution_names if isinstance(n, str)}:
-        return namespace
-    if name in values:
-        try:
-            namespace[name] = wire.decode(values[name])
-        except wire.WireError:
-            pass  # malformed: left unbound, so the tests fail
-    else:
-        namespace[name] = RemoteObject(call, {"n": name}, "function")
+    offered = {n for n in solution_names if isinstance(n, str)}
+    for name in plan.solution_names:
+        if name not in offered:
+            continue
+        if name in values:
+            try:
+                namespace[name] = wire.decode(values[name])
+            except wire.WireError:
+                pass  # malformed: left unbound, so the tests fail
+        else:
+            namespace[name] = RemoteObject(call, {"n": name}, "function")
     return namespace
 
 
@@ -326,9 +346,9 @@ class RunOutcome:
 def run_units(plan: TestPlan, namespace: dict) -> RunOutcome:
     """Run the steps in order, under the proof of `proof.py`; a set-up failure fails the problem."""
     labels = [u.label for u in plan.units]
-    entry = plan.entry_point
-    if entry and entry not in namespace:
-        return RunOutcome(0, plan.total, [f"the solution does not define `{entry}`: no test ran"])
+    missing = [n for n in plan.solution_names if n not in namespace]
+    if missing:
+        return RunOutcome(0, plan.total, [f"the solution does not define `{missing[0]}`: no test ran"])
     try:
         _problem_code(plan, namespace)
     except BaseException as e:  # the problem's own code (or a stdlib import) failed: not the solution's fault
@@ -360,12 +380,10 @@ def run_units(plan: TestPlan, namespace: dict) -> RunOutcome:
 
 def _problem_code(plan: TestPlan, namespace: dict) -> None:
     """The problem's code (testplan rule 6) and the stdlib modules the tests read, before any test."""
-    entry = plan.entry_point
     if plan.prefix is not None:
-        bound = namespace.get(entry, _MISSING) if entry else _MISSING
+        bound = {n: namespace[n] for n in plan.solution_names if n in namespace}
         exec(plan.prefix, namespace)
-        if bound is not _MISSING:
-            namespace[entry] = bound  # the prompt's stub of the entry point is not the solution
+        namespace.update(bound)  # the prompt's stub of the entry point is not the solution
     for module in plan.imports:
         if module not in namespace:
             namespace[module] = importlib.import_module(module)

@@ -65,6 +65,62 @@ MBPP = [
         "challenge_test_list": [],
     },
 ]
+# Shapes the full MBPP holds: a class the tests construct (601's Pair), a tree built by attribute
+# assignment in test_setup_code (367's Node), an entry point named like a built-in (126's sum), an
+# re.Match tested for truth (737), and a type passed as an argument (533).
+MBPP_SHAPES = [
+    {
+        "text": "Write a function to find the total length of a list of segments.",
+        "code": "class Segment(object): \r\n\tdef __init__(self, a, b): \r\n\t\tself.a = a \r\n\t\tself.b = b \r\n"
+        "def total_length(segs): \r\n\treturn sum(s.b - s.a for s in segs)",
+        "task_id": 604,
+        "test_setup_code": "",
+        "test_list": [
+            "assert total_length([Segment(0, 2), Segment(5, 6)]) == 3",
+            "assert total_length([]) == 0",
+        ],
+        "challenge_test_list": [],
+    },
+    {
+        "text": "Write a function to count the leaves of a binary tree.",
+        "code": "class Node: \r\n\tdef __init__(self, data): \r\n\t\tself.data = data \r\n\t\tself.left = None\r\n"
+        "\t\tself.right = None\r\ndef count_leaves(root): \r\n\tif root is None: \r\n\t\treturn 0\r\n"
+        "\tif root.left is None and root.right is None: \r\n\t\treturn 1\r\n"
+        "\treturn count_leaves(root.left) + count_leaves(root.right)",
+        "task_id": 605,
+        "test_setup_code": "root = Node(1) \nroot.left = Node(2) \nroot.right = Node(3) \nroot.left.left = Node(4) \n"
+        "root1 = Node(7)",
+        "test_list": ["assert count_leaves(root) == 2", "assert count_leaves(root1) == 1"],
+        "challenge_test_list": [],
+    },
+    {
+        "text": "Write a function to add two numbers.",
+        "code": "def sum(a, b):\r\n  return a + b",
+        "task_id": 606,
+        "test_setup_code": "",
+        "test_list": ["assert sum(10, 15) == 25", "assert sum(-1, 1) == 0"],
+        "challenge_test_list": [],
+    },
+    {
+        "text": "Write a function that matches a string that has an a followed by one or more b's.",
+        "code": "import re\r\ndef text_match(text):\r\n  return re.search('ab+', text)",
+        "task_id": 607,
+        "test_setup_code": "",
+        "test_list": ["assert text_match('xabbb')", "assert not text_match('ac')"],
+        "challenge_test_list": [],
+    },
+    {
+        "text": "Write a function to remove the elements of a given type from a tuple.",
+        "code": "def drop_type(items, kind):\r\n  return [x for x in items if not isinstance(x, kind)]",
+        "task_id": 608,
+        "test_setup_code": "",
+        "test_list": [
+            "assert drop_type((1, 2.5, 'a'), str) == [1, 2.5]",
+            "assert drop_type((1, 2.5), float) == [1]",
+        ],
+        "challenge_test_list": [],
+    },
+]
 MBPP_SANITIZED = [
     {
         "source_file": "megatron-rl fixture",
@@ -177,6 +233,16 @@ MBPP_WRONG = {
         "import math\ndef circle_area(r):\n    return math.pi * r\n",
     ],
     "603": ["def second_smallest(xs):\n    return sorted(xs)[1]\n"],
+    "604": [
+        "class Segment:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\ndef total_length(segs):\n    return len(segs)\n"
+    ],
+    "605": [
+        "class Node:\n    def __init__(self, data):\n        self.data = data\n        self.left = self.right = None\n"
+        "def count_leaves(root):\n    return 1\n",
+    ],
+    "606": ["def sum(a, b):\n    return a * b\n"],
+    "607": ["import re\ndef text_match(text):\n    return re.search('a', text)\n"],
+    "608": ["def drop_type(items, kind):\n    return list(items)\n"],
 }
 APPS_WRONG = {
     "4001": ["a, b = map(int, input().split())\nprint(a - b)\n", "print(3)\n"],

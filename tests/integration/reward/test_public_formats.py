@@ -90,7 +90,9 @@ def problems(tmp_path_factory):
     root = tmp_path_factory.mktemp("public")
     loaded = {
         "humaneval": load_problems(sets.write_jsonl_gz(sets.HUMANEVAL, root / "HumanEval.jsonl.gz")),
-        "mbpp": load_problems(sets.write_json(sets.MBPP + sets.MBPP_SANITIZED, root / "mbpp.json")),
+        "mbpp": load_problems(
+            sets.write_json(sets.MBPP + sets.MBPP_SHAPES + sets.MBPP_SANITIZED, root / "mbpp.json")
+        ),
         "apps": load_problems(sets.write_parquet(sets.APPS, root / "apps.parquet")),
         "taco": load_problems(sets.write_saved_dataset(sets.TACO, root / "taco")),
     }
@@ -110,7 +112,7 @@ def _cases(problems) -> list[tuple]:
             (p, w, lambda r=row, w=w: oracle_humaneval(r, w), False)
             for w in sets.HUMANEVAL_WRONG[row["task_id"]]
         ]
-    for row in sets.MBPP + sets.MBPP_SANITIZED:
+    for row in sets.MBPP + sets.MBPP_SHAPES + sets.MBPP_SANITIZED:
         p = problems["mbpp"][str(row["task_id"])]
         cases.append((p, f"```python\n{row['code']}\n```", lambda r=row: oracle_mbpp(r, r["code"]), True))
         cases += [
@@ -148,4 +150,4 @@ def test_canonical_solutions_pass_and_wrong_ones_pass_only_where_the_oracle_pass
     # Where HumanEval's shared namespace lets a completion replace the prompt's helper or `math`, the
     # oracle passes it and the grader does not; APPS's list-wrapped output is accepted by both.
     assert {"HumanEval/1", "HumanEval/2"} <= set(stricter), stricter
-    assert len(cases) >= 35 and sum(c[3] for c in cases) >= 15
+    assert len(cases) >= 45 and sum(c[3] for c in cases) >= 20

@@ -6,9 +6,9 @@ import pytest
 
 from megatron_rl.data.problems import load_problems, problem_from_dict
 from megatron_rl.data.public import APPS_HEADER, family
-from tests.helpers.public_sets import APPS, HUMANEVAL, MBPP, MBPP_SANITIZED, TACO, WRITERS
+from tests.helpers.public_sets import APPS, HUMANEVAL, MBPP, MBPP_SANITIZED, MBPP_SHAPES, TACO, WRITERS
 
-FAMILIES = {"humaneval": HUMANEVAL, "mbpp": MBPP + MBPP_SANITIZED, "apps": APPS + TACO}
+FAMILIES = {"humaneval": HUMANEVAL, "mbpp": MBPP + MBPP_SHAPES + MBPP_SANITIZED, "apps": APPS + TACO}
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
@@ -54,6 +54,20 @@ def test_mbpp_rows_name_their_entry_point_through_the_tests():
     assert (sanitized.id, sanitized.entry_point) == ("603", "second_smallest")
 
 
+def test_mbpp_classes_the_tests_construct_are_the_declared_interface_and_constants_never_are():
+    segments, tree, shadowing = (problem_from_dict(r, "x") for r in MBPP_SHAPES[:3])
+    assert (segments.entry_point, segments.interface) == ("total_length", ("Segment",))
+    assert (tree.entry_point, tree.interface) == ("count_leaves", ("Node",))  # built in test_setup_code
+    assert (shadowing.entry_point, shadowing.interface) == ("sum", ())  # named over the built-in
+    constant = {
+        **MBPP[0],
+        "code": "MOD = 3\ndef count_vowels(s):\n  return 1",
+        "test_list": ["assert count_vowels('a') == 4 % MOD"],
+    }
+    with pytest.raises(ValueError, match="read `MOD`"):
+        problem_from_dict(constant, "x")
+
+
 def test_apps_rows_are_stdin_stdout_or_call_based_by_fn_name():
     stdio, call = (problem_from_dict(r, "x") for r in APPS)
     assert stdio.io_tests == (("1 2\n", "3\n"), ("10 -3\n", "7\n")) and stdio.prefix == APPS_HEADER
@@ -76,7 +90,7 @@ def test_apps_rows_are_stdin_stdout_or_call_based_by_fn_name():
         ({**MBPP[0], "test_list": [1, 2]}, "'test_list' must be a list of strings"),
         (
             {**MBPP[0], "test_list": ["assert count_vowels('a') == 1 and helper()"]},
-            "read `count_vowels`, `helper`",
+            "read `helper`, which neither they",
         ),
         ({**APPS[0], "input_output": "{oops"}, "not valid JSON"),
         (

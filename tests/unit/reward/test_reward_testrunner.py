@@ -85,6 +85,17 @@ def test_a_returned_object_answers_iteration_length_and_indexing_from_one_materi
     assert list(obj) == [1, 2, 3] and solution.asked == ["list", "get", "list"]
 
 
+def test_a_returned_objects_truth_is_the_one_it_came_with_and_attributes_can_be_set():
+    """MBPP tests `assert text_match(s)` on an re.Match; trees are built with `root.left = Node(2)`."""
+    asked = []
+    match = RemoteObject(lambda op: asked.append(op), {"h": 1}, "Match", truth=True)
+    assert bool(match) and not RemoteObject(_never, {"h": 2}, "Match", truth=False) and asked == []
+    match.left = 5
+    assert asked == [["set", {"h": 1}, "left", 5]]
+    with pytest.raises(TypeError, match="special attributes"):
+        match.__class__ = int
+
+
 def test_remote_errors_map_to_builtin_exception_types_only():
     with pytest.raises(ValueError, match="bad"):
         testrunner.raise_remote("ValueError", "bad")
