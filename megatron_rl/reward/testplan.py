@@ -69,7 +69,6 @@ from __future__ import annotations
 import ast
 import base64
 import marshal
-import symtable
 import sys
 from dataclasses import dataclass
 from types import CodeType
@@ -500,6 +499,8 @@ def _names_case_base(node: ast.AST, modules: set[str], bases: set[str]) -> bool:
 
 def _global_reads(source: str) -> set[str]:
     """Every name some scope of the tests reads as a global (symtable knows Python's scoping rules)."""
+    import symtable  # host only: the runner in the sandbox gets the plan, and never imports it
+
     out: set[str] = set()
     try:
         stack = [symtable.symtable(source, "<tests>", "exec")]
