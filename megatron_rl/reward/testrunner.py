@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,19 +102,19 @@ class RemoteObject:
         object.__setattr__(self, "_truth", truth)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call(["call", self._ref, list(args), kwargs])
+        return _ask(self._call, ["call", self._ref, list(args), kwargs])
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
         object.__setattr__(self, "_items", None)  # a method may change the object: ask again next time
-        return self._call(["get", self._ref, name])
+        return _ask(self._call, ["get", self._ref, name])
 
     def _sequence(self) -> list:
         """The object's items, asked for once (module docstring): every later answer comes from here."""
         items = self._items
         if items is None:
-            items = self._call(["list", self._ref])
+            items = _ask(self._call, ["list", self._ref])
             if type(items) is not list:
                 raise TypeError("the solution's iterator did not produce a list")
             object.__setattr__(self, "_items", items)
@@ -161,7 +162,23 @@ class RemoteObject:
         if name.startswith("__"):
             raise TypeError("tests cannot set special attributes on the solution's objects")
         object.__setattr__(self, "_items", None)
-        self._call(["set", self._ref, name, value])
+        _ask(self._call, ["set", self._ref, name, value])
+
+
+def _ask(call: Callable[[list], Any], op: list) -> Any:
+    """One request to the solution, with the proof's tracer off while the runner's own code carries it.
+
+    With a tracer set, CPython runs every frame of the thread on its slower tracing path; the channel
+    and the codec need no tracing. The tests' frames keep their tracer: what the solution raises is
+    seen there as it propagates, once the tracer is back (proof.py rule 2)."""
+    tracer = sys.gettrace()
+    if tracer is None:
+        return call(op)
+    sys.settrace(None)
+    try:
+        return call(op)
+    finally:
+        sys.settrace(tracer)
 
 
 def bind_solution(plan: TestPlan, solution_names: list, values: dict, call: Callable[[list], Any]) -> dict:

@@ -920,6 +920,14 @@ CASES += [
         "zero",
         "failed",
     ),
+    Case(
+        "G_the_solutions_own_assertion_error_caught_by_the_tests",
+        "def test_a():\n    try:\n        r = f(1)\n    except AssertionError:\n        r = 2\n    assert r == 2\n",
+        "def f(x):\n    raise AssertionError('from the solution')\n",
+        "zero",
+        "failed",
+        honest="def f(x):\n    return 2\n",
+    ),
     # The known ones: an assert that never runs.
     Case(
         "an_assert_under_an_if_the_solution_makes_false",
