@@ -20,9 +20,11 @@ Set-up steps obey 1-3; when they do not, the problem fails.
 
 Tracing: `sys.settrace` with a global function that hands a local tracer only to frames running the
 tests' own code objects (the steps' code and everything compiled inside them), with line events off,
-so the runner's own code and the standard library run untraced. The local tracer sees "exception"
-events: one for each frame of the tests an exception passes through, caught there or not. The solution
-runs in another process and is never traced.
+so the runner's own code and the standard library run untraced; while a request to the solution is
+carried the tracer is cleared altogether (`testrunner._ask`: CPython would otherwise run the channel and
+the codec on its slower tracing path) and put back before what it raised propagates. The local tracer
+sees "exception" events: one for each frame of the tests an exception passes through, caught there or
+not. The solution runs in another process and is never traced.
 """
 
 from __future__ import annotations
