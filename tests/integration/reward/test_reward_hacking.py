@@ -1,4 +1,5 @@
-"""Every case of `hacking_cases.py`: refused at load, or scored with reward 0 in a real sandbox.
+"""Every case of `hacking_cases.py` and `hacking_cases_round2.py`: refused at load, or scored with
+reward 0 in a real sandbox.
 
 Honest completions under the same tests still earn reward 1, no process outlives its job, and the
 pool serves normally after every case.
@@ -8,13 +9,16 @@ import json
 
 import psutil
 import pytest
-from hacking_cases import CASES, Case
+from hacking_cases import CASES as ROUND1
+from hacking_cases import Case
+from hacking_cases_round2 import CASES as ROUND2
 
 from megatron_rl.config.schema import RewardConfig
 from megatron_rl.data.problems import Problem, load_problems
 from megatron_rl.reward.pool import RewardPool
 from megatron_rl.reward.sandbox import find_bwrap
 
+CASES = ROUND1 + ROUND2
 SCORED = [c for c in CASES if c.expect == "zero"]
 REFUSED = [c for c in CASES if c.expect == "refused"]
 GOOD = Problem(id="good", prompt="p", tests="assert f(1) == 2\n", entry_point="f")
