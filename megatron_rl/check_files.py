@@ -104,6 +104,11 @@ def file_problems(cfg: RecipeConfig) -> list[Problem]:
             )
         )
     for key in ("logger.run_dir", "checkpoint.dir"):
+        if not str(get_key(cfg, key)).strip():  # Path("") is ".": the run would write into whatever cwd is
+            out.append(
+                Problem(key, get_key(cfg, key), "must name a folder; empty means the current directory")
+            )
+            continue
         where = Path(get_key(cfg, key)).expanduser()
         blocked = next((p for p in (where, *where.parents) if p.exists() and not p.is_dir()), None)
         if blocked is not None:

@@ -19,7 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("megatron_rl.plan.cli:main", "size a run before renting GPUs"),
     "report": ("megatron_rl.telemetry.report_cli:main", "where a finished run's time and memory went"),
     "reshard-plan": ("megatron_rl.reshard.cli:main", "print the weight-publication plan of a recipe"),
-    "score": ("megatron_rl.reward.cli:main", "score one completion against its problem's tests"),
+    "score": (
+        "megatron_rl.reward.cli:main",
+        "score completions against their problems' tests (one, or a file of them)",
+    ),
     "submit": ("megatron_rl.slurm_submit:main", "render and submit the sbatch command for a recipe"),
     "ckpt": ("megatron_rl.checkpoint.cli:main", "check checkpoints against their manifests (ckpt verify)"),
     "doctor": ("megatron_rl.doctor:main", "check the versions a run needs to agree (torch, CUDA, TE, vLLM)"),

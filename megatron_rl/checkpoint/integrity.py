@@ -9,7 +9,12 @@ rank 0 merges those, hashes the small files written at finalisation, and writes 
 
 Verification is the reverse, and can be shared: rank r of a job re-hashes every world-th file, and
 the problems of all ranks are gathered (resume.py). A quick check (sizes only, no reading) catches
-missing, truncated and empty files; the full check also catches changed bytes.
+missing, truncated and empty files; the full check also catches changed bytes. Either way a
+checkpoint verifies only when it is exactly what was written: no symbolic link anywhere in it (a shard
+or `dist/` pointing at a copy elsewhere is not the checkpoint's own bytes), no file the manifest does
+not list, and a manifest of the one shape `write_manifest` writes. A manifest of any other shape (a
+list, an entry without "bytes", no "total_bytes", a path leading out of the checkpoint) means "does
+not verify", with the reason, never an exception: `resume=auto` then falls back to an older one.
 
 Verification also stands between a checkpoint directory and code execution: torch DCP's
 `FileSystemReader.read_metadata` (under megatron-core's `dist_checkpointing.load`) pickle-loads
@@ -87,15 +92,58 @@ def write_manifest(ckpt: Path, step: int) -> dict:
 
 
 def read_manifest(ckpt: Path) -> tuple[dict | None, str]:
+    """The manifest, checked for the shape `write_manifest` writes; (None, why) when it is not that."""
     path = ckpt / MANIFEST
     if not path.is_file():
         return None, f"no {MANIFEST} (saved before checkpoints carried checksums, or the save was cut short)"
     try:
         manifest = json.loads(path.read_text())
-        manifest["files"].items()
-    except (ValueError, KeyError, AttributeError) as e:
+    except (ValueError, OSError) as e:  # UnicodeDecodeError is a ValueError
         return None, f"{MANIFEST} is unreadable ({e.__class__.__name__}: {e})"
-    return manifest, ""
+    why = _malformed(manifest)
+    return (None, f"{MANIFEST} is malformed: {why}") if why else (manifest, "")
+
+
+def _malformed(manifest: object) -> str | None:
+    """What is wrong with a decoded manifest's shape, or None."""
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}, not an object"
+    if manifest.get("algorithm") != ALGORITHM:
+        return f"algorithm {manifest.get('algorithm')!r}, expected {ALGORITHM!r}"
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return "no 'files' object"
+    for rel, entry in files.items():
+        parts = Path(rel).parts
+        if not rel or Path(rel).is_absolute() or ".." in parts or rel != Path(rel).as_posix():
+            return f"the listed path {rel!r} does not stay inside the checkpoint"
+        if not isinstance(entry, dict):
+            return f"{rel}: an entry that is not an object"
+        size, digest = entry.get("bytes"), entry.get(ALGORITHM)
+        if type(size) is not int or size < 0:
+            return f"{rel}: no byte count ('bytes')"
+        if not isinstance(digest, str) or not digest:
+            return f"{rel}: no {ALGORITHM} digest"
+    total = manifest.get("total_bytes")
+    if type(total) is not int:
+        return "no 'total_bytes'"
+    if total != sum(e["bytes"] for e in files.values()):
+        return f"total_bytes {total} is not the sum of the files' bytes"
+    return None
+
+
+def _entries(ckpt: Path) -> tuple[list[str], list[str]]:
+    """(every file below `ckpt`, every symbolic link below it), relative, without following links."""
+    files, links = [], []
+    for top, dirs, names in os.walk(ckpt, followlinks=False):
+        for name in [*dirs, *names]:
+            full = Path(top) / name
+            rel = full.relative_to(ckpt).as_posix()
+            if full.is_symlink():
+                links.append(rel)
+            elif name in names:
+                files.append(rel)
+    return files, links
 
 
 def verify(ckpt: Path, full: bool = True, share: tuple[int, int] = (0, 1)) -> list[str]:
@@ -104,8 +152,13 @@ def verify(ckpt: Path, full: bool = True, share: tuple[int, int] = (0, 1)) -> li
     `share=(r, n)`: re-hash only every n-th listed file starting at r (the checks that read nothing
     run everywhere); `full=False`: sizes only.
     """
+    if ckpt.is_symlink():
+        return [f"{ckpt} is a symbolic link, not the checkpoint's own directory"]
     if not ckpt.is_dir():
         return [f"{ckpt} is not a directory"]
+    on_disk, links = _entries(ckpt)
+    if links:
+        return [f"symbolic links inside the checkpoint (its files must be its own): {sorted(links)[:5]}"]
     if not (ckpt / "COMPLETE").is_file():
         return ["no COMPLETE marker (the save was interrupted)"]
     manifest, why = read_manifest(ckpt)
@@ -125,8 +178,7 @@ def verify(ckpt: Path, full: bool = True, share: tuple[int, int] = (0, 1)) -> li
             )
         elif full and i % share[1] == share[0] and file_digest(f) != want[ALGORITHM]:
             problems.append(f"{rel}: checksum mismatch (the bytes changed after the save)")
-    on_disk = {p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file()}
-    extra = sorted(on_disk - set(listed) - _UNLISTED)
+    extra = sorted(set(on_disk) - set(listed) - _UNLISTED)
     if extra:
         problems.append(f"files the save did not write: {extra[:5]}")
     return problems

@@ -11,6 +11,18 @@ in order:
    the text from the first line that starts like code (def, class, import, from, @, `name =`); else
    nothing.
 Fences in other languages only (```cpp) mean no Python code: the answer is `None` (status no_code).
+
+When the problem has code of its own that runs before the completion (`Problem.prefix`: HumanEval's
+prompt, APPS's starter code), the program is composed as the published harnesses compose it, so that
+the three shapes a model answers in all run (`compose_program`):
+a. the bare continuation (no fences; an indented body, or text that completes the prefix's last line):
+   prefix + completion, character for character (HumanEval's `prompt + completion`);
+b. otherwise the extracted code (a fenced full function, the entry point alone, a fenced body) after
+   the prefix: prefix + newline + code, when that parses (the prefix's imports and helpers are there
+   for the code, which may redefine them);
+c. when the prefix does not parse on its own (starter code stopping at an open `def`) and (b) does not
+   parse: the longest head of the prefix that parses (the imports before the starter), then the code,
+   which restates the starter.
 """
 
 from __future__ import annotations
@@ -88,3 +100,42 @@ def extract_code(completion: str, entry_point: str | None = None) -> str | None:
         return stripped + "\n"
     m = _CODE_START.search(stripped)
     return stripped[m.start() :] + "\n" if m else None
+
+
+def _parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
+
+
+def compose_program(completion: str, prefix: str = "", entry_point: str | None = None) -> str | None:
+    """The program to run for `completion` when the problem's code `prefix` comes first (module
+    docstring, rules a-c); None when there is no code. Without a prefix: `extract_code`."""
+    if not prefix.strip():
+        return extract_code(completion, entry_point)
+    text = completion.rsplit("</think>", 1)[-1]
+    if text.strip() and not fenced_blocks(text):
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        continues = not prefix.endswith("\n") or first[:1] in (" ", "\t") or _is_program(text.strip("\n"))
+        if continues and _parses(prefix + text):
+            return prefix + text if prefix.endswith("\n") or text.endswith("\n") else prefix + text + "\n"
+    code = extract_code(completion, entry_point)
+    if code is None:
+        return None
+    joined = prefix + "\n" + code
+    if _parses(joined) or _parses(prefix):
+        return joined
+    head = _parsing_head(prefix)
+    return f"{head}\n{code}" if head.strip() else code
+
+
+def _parsing_head(source: str) -> str:
+    """The longest run of leading lines of `source` that parses (at most 200 lines are tried)."""
+    lines = source.splitlines(keepends=True)
+    for cut in range(len(lines) - 1, max(-1, len(lines) - 201), -1):
+        head = "".join(lines[:cut])
+        if _parses(head):
+            return head
+    return ""

@@ -10,14 +10,20 @@ A problem is a prompt plus one kind of tests:
   A record gives them as `tests: [{"input": ..., "output": ...}, ...]`, as `tests: {"inputs": [...],
   "outputs": [...]}` (or `input`/`output`: CodeContests' `public_tests`), or as `input_output` in
   APPS's shape (that object, or the JSON string of it). An input or output given as a list of lines
-  is joined with newlines. APPS's call-based problems (`fn_name`) are refused: they are not stdin/stdout.
-Either kind may carry a per-problem `timeout_s` (the whole run, every test). `answer` serves in-process
+  is joined with newlines. APPS's call-based cases (`fn_name`) become Python tests that call the
+  function (`public.call_based_tests`).
+Either kind may carry a per-problem `timeout_s` (the whole run, every test), and `prefix`: the
+problem's own code that runs before the completion (HumanEval's prompt, APPS's starter code; see
+`extract.compose_program`), from which the tests may also read names. `answer` serves in-process
 verifiers instead. Keys other than the known ones are kept in `metadata` (the bundled set keeps a
-reference `solution` there, which its own tests check).
+reference `solution` there, which its own tests check). Without an `entry_point`, the one name the
+tests read and do not define is the entry point (`testplan` rule 6).
 
-Where the records come from (JSONL, JSON, Parquet, a saved `datasets` folder, a folder or glob of
-files) is `sources.py`. `data.columns` maps our field names to the dataset's column names
-(`{prompt: question, input_output: io}`); a column named like a mapped field is then ignored.
+Public sets load as they ship, with no mapping: HumanEval, MBPP and APPS/TACO rows are recognised by
+their columns (`public.py`, which says how each is graded). Where the records come from (JSONL, gzipped
+JSONL, JSON, Parquet, a saved `datasets` folder, a folder or glob of files) is `sources.py`.
+`data.columns` maps our field names to the dataset's column names (`{prompt: question, input_output:
+io}`); a column named like a mapped field is then ignored.
 
 Problems are validated as they load, tests included (Python tests must parse, contain something to
 pass, and have a shape the runner can judge; pairs must be strings), so a malformed dataset fails at
@@ -27,6 +33,7 @@ the middle of a run, or worse, as rewards for wrong code.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
@@ -34,12 +41,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from megatron_rl.data import public
 from megatron_rl.data.sources import BUNDLED, read_records
 
 __all__ = ["BUNDLED", "FIELDS", "Problem", "load_problem", "load_problems", "problem_from_dict"]
 
 # The fields a record may set; `data.columns` maps these names to a dataset's own.
-FIELDS = ("id", "prompt", "tests", "input_output", "entry_point", "timeout_s", "answer")
+FIELDS = (
+    "id",
+    "prompt",
+    "tests",
+    "input_output",
+    "entry_point",
+    "timeout_s",
+    "answer",
+    "prefix",
+    "interface",
+)
 _LOOSE_IO_KEYS = ("inputs", "outputs", "stdin", "stdout")  # pair halves in columns of their own
 # Every pair goes to the sandbox in one frame (16 MiB, JSON-escaped): keep well under it.
 MAX_IO_BYTES = 6 << 20
@@ -53,6 +71,9 @@ class Problem:
     (stdin, expected stdout) pairs for a completion that is a whole program (one or the other);
     `answer` serves in-process verifiers (a math answer) instead. `timeout_s` bounds the whole run
     (importing the code and every test) in wall-clock seconds; None takes the reward config's timeout.
+    `prefix` is the problem's own code, run before the completion (module docstring). `interface`
+    names what else the solution must define for the tests to call (MBPP's `Pair` next to its entry
+    point: `public.py`); nothing else of the solution reaches the tests.
     """
 
     id: str
@@ -63,6 +84,8 @@ class Problem:
     answer: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     io_tests: tuple[tuple[str, str], ...] = ()
+    prefix: str = ""
+    interface: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"problem {self.id!r}"
@@ -78,14 +101,28 @@ class Problem:
             isinstance(self.entry_point, str) and self.entry_point.isidentifier()
         ):
             raise ValueError(f"{where}: 'entry_point' must be a Python identifier; got {self.entry_point!r}")
+        from megatron_rl.reward.sandbox import MAX_TIMEOUT_S  # the one bound, where jobs run (cached)
+
         if self.timeout_s is not None and (
             isinstance(self.timeout_s, bool)
             or not isinstance(self.timeout_s, (int, float))
             or not math.isfinite(self.timeout_s)
             or self.timeout_s <= 0
+            or self.timeout_s > MAX_TIMEOUT_S
         ):
             raise ValueError(
-                f"{where}: 'timeout_s' must be a positive, finite number of seconds; got {self.timeout_s!r}"
+                f"{where}: 'timeout_s' must be a positive, finite number of seconds, at most {MAX_TIMEOUT_S} "
+                f"(a day); got {self.timeout_s!r}"
+            )
+        names = tuple(self.interface) if isinstance(self.interface, (list, tuple)) else None
+        if names is None or not all(isinstance(n, str) and n.isidentifier() for n in names):
+            raise ValueError(
+                f"{where}: 'interface' must be a list of Python identifiers; got {self.interface!r}"
+            )
+        object.__setattr__(self, "interface", names)
+        if not isinstance(self.prefix, str):
+            raise ValueError(
+                f"{where}: 'prefix' must be Python source as a string; got {type(self.prefix).__name__}"
             )
         if self.answer is not None and not isinstance(self.answer, str):
             object.__setattr__(self, "answer", str(self.answer))
@@ -108,14 +145,15 @@ class Problem:
                 f"{MAX_IO_BYTES >> 20} MiB a problem: keep fewer cases (e.g. not every generated one)"
             )
 
-    def check_tests(self) -> None:
-        """Raise ValueError unless the Python tests parse and contain at least one test."""
+    def check_tests(self) -> str | None:
+        """Raise ValueError unless the Python tests parse, contain a test and have a shape the runner can
+        judge. Returns the entry point the tests use (given, or inferred from them), or None."""
         if not self.tests.strip():
-            return  # no Python tests: stdin/stdout pairs (checked as built) or an answer
+            return self.entry_point  # no Python tests: stdin/stdout pairs (checked as built) or an answer
         from megatron_rl.reward.testplan import plan_tests  # data does not need reward otherwise
 
         try:
-            plan_tests(self.tests, self.entry_point)
+            return plan_tests(self.tests, self.entry_point, self.prefix, self.interface).entry_point
         except SyntaxError as e:
             raise ValueError(
                 f"problem {self.id!r}: its tests do not parse: {e.msg} (line {e.lineno})"
@@ -128,6 +166,7 @@ def problem_from_dict(record: Any, default_id: str) -> Problem:
     """A Problem from one decoded record; unknown keys go to metadata."""
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object with at least 'prompt'; got {type(record).__name__}")
+    record = public.to_fields(record)
     if "prompt" not in record:
         raise ValueError(f"missing required key 'prompt' (keys present: {sorted(record)})")
     known = {k: record[k] for k in FIELDS if k in record and record[k] is not None}
@@ -137,7 +176,12 @@ def problem_from_dict(record: Any, default_id: str) -> Problem:
         raise ValueError("has both 'tests' and 'input_output'; keep one (map the other away in data.columns)")
     if tests is not None and (not isinstance(tests, str) or _is_io_json(tests)):
         io = known.pop("tests")
-    if io is not None:
+    if io is not None and _call_based(io) is not None:  # APPS's fn_name cases: Python tests of a function
+        spec = _call_based(io)
+        entry, call = public.call_target(spec["fn_name"], known.get("prefix") or "")
+        known["tests"] = public.call_based_tests(spec, call)
+        known.setdefault("entry_point", entry)
+    elif io is not None:
         known["io_tests"] = _io_pairs(io)
     elif "tests" not in known and "answer" not in known:
         loose = [k for k in _LOOSE_IO_KEYS if k in record]
@@ -154,8 +198,20 @@ def problem_from_dict(record: Any, default_id: str) -> Problem:
     known["id"] = str(known.get("id", default_id))
     metadata = {k: v for k, v in record.items() if k not in FIELDS}
     problem = Problem(**known, metadata=metadata)
-    problem.check_tests()
+    entry = problem.check_tests()
+    if entry != problem.entry_point:  # inferred from the tests (MBPP names none)
+        problem = dataclasses.replace(problem, entry_point=entry)
     return problem
+
+
+def _call_based(value: Any) -> dict | None:
+    """APPS's `input_output` when it is call-based (has `fn_name`), decoded; else None."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    return value if isinstance(value, dict) and value.get("fn_name") else None
 
 
 def _is_io_json(text: str) -> bool:
@@ -177,11 +233,6 @@ def _io_pairs(value: Any) -> tuple[tuple[str, str], ...]:
         except json.JSONDecodeError as e:
             raise ValueError(f"stdin/stdout tests given as a string must be JSON: {e}") from None
     if isinstance(value, dict):
-        if value.get("fn_name"):
-            raise ValueError(
-                f"APPS call-based tests (fn_name={value['fn_name']!r}) call a function with arguments, "
-                "they do not feed stdin: give 'tests' as Python source that calls it, with its entry_point"
-            )
         ins = value.get("inputs", value.get("input"))
         outs = value.get("outputs", value.get("output"))
         if not isinstance(ins, list) or not isinstance(outs, list):

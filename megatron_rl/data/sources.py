@@ -2,17 +2,18 @@
 
 The rule, in order (the first that applies wins):
 1. `bundled`: the problem set shipped with the package.
-2. An existing file, by suffix: `.jsonl` (one JSON object a line), `.json` (one object or a list of
-   them), `.parquet` (one problem a row, read with pyarrow).
+2. An existing file, by suffix: `.jsonl` (one JSON object a line), `.jsonl.gz` (the same, gzipped, as
+   HumanEval ships), `.json` (one object or a list of them; `.json.gz` gzipped), `.parquet` (one
+   problem a row, read with pyarrow).
 3. An existing folder that `datasets` saved (`Dataset.save_to_disk`: it holds `state.json`;
    `DatasetDict.save_to_disk`: `dataset_dict.json`): read with `datasets.load_from_disk`. Of a
    DatasetDict, the `train` split, or the only split; several splits and no `train` are refused.
-4. Any other existing folder: the `.jsonl`, `.json` and `.parquet` files directly inside it (not in
-   sub-folders; hidden files skipped), sorted by name.
+4. Any other existing folder: the files of those suffixes directly inside it (not in sub-folders;
+   hidden files skipped), sorted by name.
 5. A glob pattern (`*`, `?` or `[`; `**` recurses): the files it matches, sorted by name.
 Folders (4) and globs (5) are read by `datasets.load_dataset("json" | "parquet", data_files=[...])`,
 which reads many files (and large ones) as one table; every file must then have one format (`.json`
-and `.jsonl` are one: `json`), and every file the same columns.
+and `.jsonl`, gzipped or not, are one: `json`), and every file the same columns.
 
 Records come back as (default id, record, where): `where` names the file and line or row, so a bad
 record is reported where the user can find it. What a record must hold is `problems.py`'s business.
@@ -21,15 +22,30 @@ record is reported where the user can find it. What a record must hold is `probl
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 from pathlib import Path
 from typing import Any
 
 BUNDLED = Path(__file__).parent / "bundled" / "coding_problems.jsonl"
-_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_FORMATS = {".jsonl": "json", ".jsonl.gz": "json", ".json": "json", ".json.gz": "json", ".parquet": "parquet"}
 _SUFFIXES = ", ".join(_FORMATS)
 
 Record = tuple[str, Any, str]  # (default id, the decoded record, where it is)
+
+
+def suffix(path: Path) -> str:
+    """The file's format suffix, compound ones (`.jsonl.gz`) included; lower-case."""
+    name = path.name.lower()
+    return next((s for s in _FORMATS if name.endswith(s)), path.suffix.lower())
+
+
+def _stem(path: Path) -> str:
+    return path.name[: -len(suffix(path))] if suffix(path) else path.stem
+
+
+def _open_text(path: Path):
+    return gzip.open(path, "rt", encoding="utf-8") if path.name.lower().endswith(".gz") else path.open()
 
 
 def source_problem(source: str) -> str | None:
@@ -39,15 +55,13 @@ def source_problem(source: str) -> str | None:
         return None
     path = Path(source).expanduser()
     if path.is_file():
-        if path.suffix.lower() not in _FORMATS:
+        if suffix(path) not in _FORMATS:
             return f"is a {path.suffix or 'suffix-less'} file; problem files are {_SUFFIXES}"
         return None
     if path.is_dir():
         if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
             return None
-        if any(
-            p.is_file() and p.suffix.lower() in _FORMATS for p in path.iterdir() if not p.name.startswith(".")
-        ):
+        if any(p.is_file() and suffix(p) in _FORMATS for p in path.iterdir() if not p.name.startswith(".")):
             return None
         return (
             f"is a folder with no {_SUFFIXES} files and no saved `datasets` (state.json, dataset_dict.json)"
@@ -71,7 +85,7 @@ def read_records(source: str | Path) -> list[Record]:
         if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
             return _read_saved_dataset(path)
         files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
-        files = [p for p in files if p.suffix.lower() in _FORMATS]
+        files = [p for p in files if suffix(p) in _FORMATS]
         if not files:
             raise FileNotFoundError(
                 f"folder {text!r} holds no {_SUFFIXES} files and is not a saved `datasets` folder "
@@ -91,17 +105,18 @@ def read_records(source: str | Path) -> list[Record]:
 
 
 def _read_file(path: Path) -> list[Record]:
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
+    kind = suffix(path)
+    if kind in (".jsonl", ".jsonl.gz"):
         return _read_jsonl(path)
-    if suffix == ".json":
+    if kind in (".json", ".json.gz"):
         try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
+            with _open_text(path) as f:
+                data = json.loads(f.read())
+        except (json.JSONDecodeError, OSError, EOFError, UnicodeDecodeError) as e:
             raise ValueError(f"{path}: not valid JSON: {e}") from None
         rows = data if isinstance(data, list) else [data]
-        return [(f"{path.stem}-{i}", r, f"{path}[{i}]") for i, r in enumerate(rows)]
-    if suffix == ".parquet":
+        return [(f"{_stem(path)}-{i}", r, f"{path}[{i}]") for i, r in enumerate(rows)]
+    if kind == ".parquet":
         import pyarrow.parquet as pq  # a dependency, imported only by those who read Parquet
 
         try:
@@ -109,19 +124,22 @@ def _read_file(path: Path) -> list[Record]:
         except Exception as e:  # pyarrow's ArrowInvalid and kin: a damaged or non-Parquet file
             raise ValueError(f"{path}: not a readable Parquet file: {e}") from None
         return [(f"{path.stem}-{i}", row, f"{path} row {i}") for i, row in enumerate(rows)]
-    raise ValueError(f"{path}: unsupported problem file type {suffix!r}; use {_SUFFIXES}")
+    raise ValueError(f"{path}: unsupported problem file type {kind!r}; use {_SUFFIXES}")
 
 
 def _read_jsonl(path: Path) -> list[Record]:
     records = []
-    with path.open() as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                records.append((f"{path.stem}-{line_no}", json.loads(line), f"{path}:{line_no}"))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: not valid JSON: {e}") from None
+    try:
+        with _open_text(path) as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    records.append((f"{_stem(path)}-{line_no}", json.loads(line), f"{path}:{line_no}"))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{line_no}: not valid JSON: {e}") from None
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip's BadGzipFile is an OSError
+        raise ValueError(f"{path}: not readable as {suffix(path)}: {e}") from None
     return records
 
 
@@ -147,7 +165,7 @@ def _read_saved_dataset(path: Path) -> list[Record]:
 
 
 def _read_data_files(source: str, files: list[Path]) -> list[Record]:
-    formats = {_FORMATS.get(p.suffix.lower()) for p in files}
+    formats = {_FORMATS.get(suffix(p)) for p in files}
     if None in formats or len(formats) != 1:
         kinds = sorted({p.suffix or "(none)" for p in files})
         raise ValueError(

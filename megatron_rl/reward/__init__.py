@@ -6,8 +6,11 @@
   `channel`, `testrunner`, `seccomp`, `wire`: the runtime inside it. The trust model (why a program
   cannot forge its own test results, reach the network or the host's files, or outlive its job) is
   documented at the top of `harness.py`.
-- `testplan`: how a problem's tests become pass/fail units, and which shapes are refused at load.
+- `testplan`: how a problem's tests become pass/fail units, how their names resolve, and which shapes
+  are refused at load (`testshape`); `assertsites` numbers and instruments their assertions, and
+  `proof` is what a unit must prove in the runner to pass (grading fails closed).
 - `verifiers`: in-process rewards (`module:function`) for trusted, cheap checks.
 - `result.RewardResult`: the one record every reward comes back as.
-- `cli`: `megatron-rl score`, one case at a time, for debugging a reward.
+- `cli`: `megatron-rl score`, one case (debugging a reward) or a file of completions through the whole
+  pool (`batch`: evaluating a checkpoint's samples offline, pass@1 per problem).
 """

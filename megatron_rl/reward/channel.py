@@ -68,15 +68,16 @@ class Channel:
                 msg["name"] = op[2]
             elif kind == "getitem":
                 msg["key"] = wire.encode(op[2], self._handle_ref)
+            elif kind == "set":
+                msg["name"], msg["value"] = op[2], wire.encode(op[3], self._handle_ref)
         except wire.WireError as e:
             raise TypeError(f"cannot pass this to the solution: {e}") from None
         reply = self.exchange(msg)
-        if (
-            isinstance(reply, dict)
-            and isinstance(reply.get("raise"), list)
-            and reply["raise"][:1] == ["MemoryError"]
-        ):
-            self.memory_error = True
+        if isinstance(reply, dict):
+            if isinstance(reply.get("raise"), list) and reply["raise"][:1] == ["MemoryError"]:
+                self.memory_error = True
+            if kind == "call" and "mutated" in reply:  # before what it raised: a mutation then a raise
+                testrunner.apply_mutations(op[2], op[3], reply["mutated"], self._make_handle)
         return testrunner.decode_reply(reply, self._make_handle)
 
     def exchange(self, msg: dict) -> Any:
@@ -118,7 +119,8 @@ class Channel:
         if not isinstance(body, dict) or type(body.get("id")) is not int:
             raise wire.WireError("malformed handle")
         type_name = body.get("type") if isinstance(body.get("type"), str) else "object"
-        return testrunner.RemoteObject(self.request, {"h": body["id"]}, type_name[:60])
+        truth = body.get("truth") if type(body.get("truth")) is bool else None
+        return testrunner.RemoteObject(self.request, {"h": body["id"]}, type_name[:60], truth)
 
     # ---- the event loop ----------------------------------------------------------------------
 

@@ -1,26 +1,31 @@
-"""`megatron-rl score`: score one completion against one problem, for debugging a reward.
+"""`megatron-rl score`: score completions against problems, one case or a whole file.
 
     megatron-rl score --problem P.json --completion C.txt [--json]
     megatron-rl score --problem bundled --id fizzbuzz --completion - < answer.md
+    megatron-rl score --problems HumanEval.jsonl.gz --completions samples.jsonl [--json]
 
-Runs exactly what training runs (code extraction, the sandbox, the reward mode), one case at a time,
-and shows the captured output and the failing tests, which the training logs only count.
-Exit code: 0 when the case was scored (whatever the reward), 1 on a sandbox error, 2 on bad input
-(one line on stderr, never a traceback). What the program printed is shown with control and format
-characters escaped (`\x1b`, `\r`, `\u202e`): a completion's ANSI escapes must not redraw the
-report into a fake "passed".
+Runs exactly what training runs (code extraction, the problem's code before it, the sandbox, the
+reward mode). One case shows the captured output and the failing tests, which the training logs only
+count; a file of completions is scored through the whole pool (`batch.py` says what it prints:
+one record per completion in the file's order, then pass@1 per problem and overall).
+Exit code: 0 when everything was scored (whatever the rewards), 1 when a sandbox error kept one from
+being scored, 2 on bad input (one line on stderr, never a traceback). What a program printed is shown
+with control and format characters escaped (`\x1b`, `\r`, `\u202e`): a completion's ANSI escapes must
+not redraw the report into a fake "passed".
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import os
 import sys
 import unicodedata
 
+from megatron_rl.check_ranges import NUMERIC, range_text
 from megatron_rl.config.schema import RewardConfig
-from megatron_rl.data.problems import load_problem
+from megatron_rl.data.problems import load_problem, load_problems
+from megatron_rl.reward import batch
 from megatron_rl.reward.result import SANDBOX_ERROR
 
 
@@ -31,14 +36,30 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _positive(kind: type) -> object:
+def _host_memory_mb() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
+    except (ValueError, OSError, AttributeError):
+        return 1 << 30
+
+
+def _in_range(key: str, kind: type, high: float | None = None) -> object:
+    """A parser for a number in the recipe key's range (check_ranges.NUMERIC), at most `high`."""
+    lo, hi, lo_in, hi_in = NUMERIC[key]
+    if high is not None and (hi is None or high < hi):
+        hi, hi_in = high, True
+
     def parse(text: str) -> float | int:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(value) or value <= 0:
-            raise argparse.ArgumentTypeError(f"must be a finite number > 0; got {text!r}")
+        inside = value == value and (value > lo or (lo_in and value == lo))
+        inside = inside and (hi is None or value < hi or (hi_in and value == hi))
+        if not inside:
+            raise argparse.ArgumentTypeError(
+                f"must be finite and {range_text(lo, hi, lo_in, hi_in)} (as {key}); got {text!r}"
+            )
         return value
 
     parse.__name__ = kind.__name__
@@ -62,20 +83,34 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="megatron-rl score", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--problem",
-        required=True,
-        help="'bundled', a .json/.jsonl/.parquet file, a saved `datasets` folder, a folder or glob of files",
+        help="one case: 'bundled', a .json/.jsonl(.gz)/.parquet file, a saved `datasets` folder, a folder or glob",
     )
     p.add_argument("--id", help="the problem's id, when the file holds more than one")
-    p.add_argument("--completion", required=True, help="a file with the model's completion ('-' reads stdin)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
+    p.add_argument("--completion", help="one case: a file with the model's completion ('-' reads stdin)")
+    p.add_argument("--problems", help="a whole problem set (any source --problem takes), with --completions")
+    p.add_argument(
+        "--completions", help='a JSONL file of {"id": ..., "completion": ...} lines, with --problems'
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a report")
     p.add_argument("--mode", default="all_or_nothing", choices=["all_or_nothing", "fraction"])
     p.add_argument(
         "--timeout-s",
-        type=_positive(float),
+        type=_in_range("reward.timeout_s", float),
         default=10.0,
         help="default wall-clock limit (a problem's own wins)",
     )
-    p.add_argument("--memory-mb", type=_positive(int), default=512, help="the job's memory limit, MiB")
+    p.add_argument(
+        "--memory-mb",
+        type=_in_range("reward.memory_mb", int, high=_host_memory_mb()),
+        default=512,
+        help="the job's memory limit, MiB (at most this machine's memory)",
+    )
+    p.add_argument(
+        "--workers",
+        type=_in_range("reward.workers", int),
+        default=None,
+        help="sandboxes scoring a file at once (default: one per CPU)",
+    )
     p.add_argument(
         "--function", default="", help="score with an in-process verifier 'module:function' instead"
     )
@@ -88,6 +123,37 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # --help, or a bad argument already reported in one line
         return e.code if isinstance(e.code, int) else 2
+    one, many = (args.problem, args.completion), (args.problems, args.completions)
+    if all(many) and not any(one) and not args.id:
+        return _score_file(args)
+    if all(one) and not any(many):
+        return _score_one(args)
+    print(
+        "megatron-rl score: give --problem and --completion (one case) or --problems and --completions "
+        "(a file of them), not a mix (see --help)",
+        file=sys.stderr,
+    )
+    return 2
+
+
+def _config(args: argparse.Namespace, workers: int) -> RewardConfig:
+    return RewardConfig(
+        kind="function" if args.function else "sandbox",
+        function=args.function,
+        mode=args.mode,
+        unsafe_local=args.unsafe_local,
+        workers=workers,
+        timeout_s=args.timeout_s,
+        memory_mb=args.memory_mb,
+    )
+
+
+def _fail(e: BaseException) -> int:
+    print(f"megatron-rl score: {printable(str(e))}", file=sys.stderr)
+    return 2
+
+
+def _score_one(args: argparse.Namespace) -> int:
     try:
         problem = load_problem(args.problem, args.id)
         if args.completion == "-":
@@ -96,26 +162,15 @@ def main(argv: list[str]) -> int:
             with open(args.completion, encoding="utf-8", errors="replace") as f:
                 completion = f.read()
     except (OSError, ValueError, KeyError, ImportError) as e:
-        print(f"megatron-rl score: {printable(str(e))}", file=sys.stderr)
-        return 2
-    cfg = RewardConfig(
-        kind="function" if args.function else "sandbox",
-        function=args.function,
-        mode=args.mode,
-        unsafe_local=args.unsafe_local,
-        workers=1,
-        timeout_s=args.timeout_s,
-        memory_mb=args.memory_mb,
-    )
+        return _fail(e)
     from megatron_rl.reward.pool import RewardPool  # after argument errors are reported
     from megatron_rl.reward.sandbox import SandboxUnavailable
 
     try:
-        with RewardPool(cfg) as pool:
+        with RewardPool(_config(args, 1)) as pool:
             (result,) = pool.score([problem], [completion])
     except (SandboxUnavailable, ValueError, ImportError, AttributeError, TypeError) as e:
-        print(f"megatron-rl score: {printable(str(e))}", file=sys.stderr)
-        return 2
+        return _fail(e)
     if args.json:
         keys = ("reward", "status", "seconds", "tests_passed", "tests_total", "output_tail")
         print(json.dumps({k: getattr(result, k) for k in keys}))
@@ -128,3 +183,28 @@ def main(argv: list[str]) -> int:
             print("--- output (tail) ---")
             print(printable(result.output_tail.rstrip()))
     return 1 if result.status == SANDBOX_ERROR else 0
+
+
+def _score_file(args: argparse.Namespace) -> int:
+    try:
+        problems = load_problems(args.problems)
+        todo = batch.read_completions(args.completions, problems)
+    except (OSError, ValueError, KeyError, ImportError) as e:
+        return _fail(e)
+    from megatron_rl.reward.pool import RewardPool  # after argument errors are reported
+    from megatron_rl.reward.sandbox import SandboxUnavailable, default_workers
+
+    workers = min(args.workers or default_workers(), len(todo))
+    rows = []
+    try:
+        with RewardPool(_config(args, workers)) as pool:
+            for i, item in enumerate(todo):
+                pool.submit(i, item.problem, item.text)
+            for result in batch.in_order(pool.results(len(todo)), len(todo)):
+                row = batch.record(todo[result.sample_id], result)
+                rows.append(row)
+                batch.print_row(row, args.json, sys.stdout, printable)
+    except (SandboxUnavailable, ValueError, ImportError, AttributeError, TypeError) as e:
+        return _fail(e)
+    batch.print_summary(batch.summary(rows), args.json, sys.stdout)
+    return 1 if any(r["status"] == SANDBOX_ERROR for r in rows) else 0

@@ -18,7 +18,13 @@ host's files and other processes; inside it, each job is split so the verdict ca
   messages: calls go out as encoded arguments, answers come back through `wire.decode`, which builds
   exact built-in values. Comparisons, truth tests and hashing of what U returned run on those plain
   values, in T; objects with a rigged `__eq__` cannot cross (they arrive as opaque handles that refuse
-  comparison). Monkeypatching anything in U changes nothing in T.
+  comparison). Monkeypatching anything in U changes nothing in T. U announces only the entry point and
+  the interface the problem declares (the tests bind nothing else from it: testplan rule 6); after a
+  call whose arguments hold mutable
+  values it reports their new contents, which T writes back into the tests' own objects.
+- What a unit must prove to pass is gathered in T as the tests run (`proof.py`: every assertion of
+  the unit ran and held, no AssertionError passed through the tests' code even if caught); U cannot
+  reach the counts, and what it cannot make T see proven fails.
 - Only T holds the result pipe. U is forked before T reads the tests and closes every descriptor but
   its own channel; T is non-dumpable and has dropped its capabilities, so U can neither open
   /proc/T/fd nor ptrace T. Whatever U writes to stdout is output, never a verdict, and `sys.exit(0)` or
@@ -190,6 +196,7 @@ def _solution_main(job: dict, sol_fd: int, req_r: int, resp_w: int, out_w: int) 
     os.close(sol_fd)
     source = msg["code"] if isinstance(msg, dict) and isinstance(msg.get("code"), str) else ""
     stdio_mode = isinstance(msg, dict) and msg.get("stdio") is True  # a program per stdin/stdout pair
+    wanted = msg.get("names") if isinstance(msg, dict) and isinstance(msg.get("names"), list) else []
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
     _apply_limits(job)
@@ -199,7 +206,9 @@ def _solution_main(job: dict, sol_fd: int, req_r: int, resp_w: int, out_w: int) 
         wire.send_frame(resp_w, {"load": "error", "type": "SandboxError", "error": str(e)[:500]})
         os._exit(0)
     try:
-        code = compile(source, "<solution>", "exec")
+        # dont_inherit: this module's own `from __future__ import annotations` must not apply to the
+        # solution (an annotation naming nothing would then pass here and fail in plain Python).
+        code = compile(source, "<solution>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as e:  # ValueError: NUL bytes in the source
         wire.send_frame(resp_w, {"load": "syntax_error", "error": f"{type(e).__name__}: {e}"[:500]})
         os._exit(0)
@@ -216,7 +225,9 @@ def _solution_main(job: dict, sol_fd: int, req_r: int, resp_w: int, out_w: int) 
         _print_traceback(e)
         wire.send_frame(resp_w, {"load": "error", "type": type(e).__name__, "error": str(e)[:500]})
         os._exit(0)
-    names = [k for k in list(module) if isinstance(k, str) and not k.startswith("__")][:10000]
+    # Only the entry point (and the problem's declared interface) is ever bound for the tests
+    # (testplan rule 6): nothing else is announced.
+    names = [n for n in wanted if isinstance(n, str) and n in module]
     _flush()
     wire.send_frame(resp_w, {"load": "ok", "names": names, "values": _plain_values(module, names)})
     _serve(module, req_r, resp_w)
@@ -246,7 +257,11 @@ def _serve(module: dict, req_r: int, resp_w: int) -> None:
 
     def to_handle(value: Any) -> dict:
         handles[len(handles) + 1] = value
-        return {"$h": {"id": len(handles), "type": type(value).__name__[:60]}}
+        try:  # its truth, as of now: a lie is no more than returning that bool (testrunner.RemoteObject)
+            truth = bool(value)
+        except BaseException:
+            truth = None
+        return {"$h": {"id": len(handles), "type": type(value).__name__[:60], "truth": truth}}
 
     def resolve(ref: Any) -> Any:
         if isinstance(ref, dict) and "h" in ref:
@@ -261,11 +276,18 @@ def _serve(module: dict, req_r: int, resp_w: int) -> None:
             op, target = req["op"], resolve(req["ref"])
             if op == "call":
                 args = wire.decode(req["args"], resolve)
-                value = target(*args, **wire.decode(req["kwargs"], resolve))
+                kwargs = wire.decode(req["kwargs"], resolve)
+                if testrunner.holds_mutable(args) or testrunner.holds_mutable(list(kwargs.values())):
+                    _serve_mutating_call(target, args, kwargs, to_handle, resp_w)
+                    continue
+                value = target(*args, **kwargs)
             elif op == "get":
                 value = getattr(target, req["name"])
             elif op == "getitem":
                 value = target[wire.decode(req["key"], resolve)]
+            elif op == "set":
+                setattr(target, req["name"], wire.decode(req["value"], resolve))
+                value = None
             elif op == "len":
                 value = len(target)
             else:  # "list"
@@ -276,6 +298,21 @@ def _serve(module: dict, req_r: int, resp_w: int) -> None:
             reply = {"raise": [type(e).__name__, str(e)[:500]]}
         _flush()
         wire.send_frame(resp_w, reply)
+
+
+def _serve_mutating_call(target: Any, args: list, kwargs: dict, to_handle: Any, resp_w: int) -> None:
+    """A call whose arguments the solution may change: the reply says what they hold afterwards."""
+    try:
+        reply: dict[str, Any] = {"ok": wire.encode(target(*args, **kwargs), to_handle)}
+    except BaseException as e:
+        _print_traceback(e)
+        reply = {"raise": [type(e).__name__, str(e)[:500]]}
+    try:
+        reply["mutated"] = [wire.encode(args, to_handle), wire.encode(kwargs, to_handle)]
+    except BaseException:  # too deep now, or a hostile object: the test's arguments stay as they were
+        pass
+    _flush()
+    wire.send_frame(resp_w, reply)
 
 
 def _print_traceback(e: BaseException) -> None:
@@ -338,7 +375,7 @@ def _run_job(job: dict, tests_fd: int, channel: Channel) -> dict:
             if "plan" in tests:  # planned by the host (trusted, like the tests themselves)
                 plan = testplan.plan_from_wire(tests["plan"])
             else:
-                plan = testrunner.plan_tests(tests["tests"], entry_point)
+                plan = testrunner.plan_tests(tests["tests"], entry_point, tests.get("prefix") or "")
             total = plan.total
     except (SyntaxError, ValueError, TypeError) as e:
         return {"status": "sandbox_error", "passed": 0, "total": 0, "failures": [f"unusable tests: {e}"]}
@@ -363,7 +400,7 @@ def _run_job(job: dict, tests_fd: int, channel: Channel) -> dict:
     else:
         names = load.get("names") if isinstance(load.get("names"), list) else []
         values = load.get("values") if isinstance(load.get("values"), dict) else {}
-        namespace = testrunner.bind_solution(plan, names, values, entry_point, channel.request)
+        namespace = testrunner.bind_solution(plan, names, values, channel.request)
         outcome = testrunner.run_units(plan, namespace)
     status = channel.status_override()
     if status is None:

@@ -27,7 +27,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from megatron_rl.data.extract import extract_code
+from megatron_rl.data.extract import compose_program
 from megatron_rl.reward.result import (
     CRASHED,
     FAILED,
@@ -207,11 +207,19 @@ class RewardPool:
             return RewardResult(
                 sample_id, 0.0, SANDBOX_ERROR, output_tail=f"problem {problem.id!r} has no tests"
             )
-        code = extract_code(text, problem.entry_point)
+        code = compose_program(text, problem.prefix, problem.entry_point)
         if code is None:
             return RewardResult(sample_id, 0.0, NO_CODE, output_tail="no Python code found in the completion")
         timeout = problem.timeout_s or self.cfg.timeout_s
-        rec = sandbox.run(code, problem.tests, problem.entry_point, timeout, io_tests=problem.io_tests)
+        rec = sandbox.run(
+            code,
+            problem.tests,
+            problem.entry_point,
+            timeout,
+            io_tests=problem.io_tests,
+            prefix=problem.prefix,
+            interface=problem.interface,
+        )
         status = rec.get("status") if rec.get("status") in STATUSES else SANDBOX_ERROR
         passed, total = int(rec.get("passed", 0)), int(rec.get("total", 0))
         return RewardResult(

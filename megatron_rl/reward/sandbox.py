@@ -20,6 +20,7 @@ completion would take down every process on the machine, and a fork bomb would m
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import math
@@ -33,6 +34,7 @@ import tempfile
 import threading
 import time
 import warnings
+import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,7 +48,18 @@ log = logging.getLogger(__name__)
 _PLANS: dict[tuple[str, str | None], dict] = {}  # tests' plans, wire form, shared by all sandboxes
 _PLANS_LOCK = threading.Lock()
 SANDBOX_UID = SANDBOX_GID = 61000  # what a root host runs sandboxes as; any unused, unprivileged id
-_RUNTIME_MODULES = ("wire", "testplan", "testrunner", "seccomp", "channel", "stdio", "harness")
+_RUNTIME_MODULES = (
+    "wire",
+    "assertsites",
+    "proof",
+    "testshape",
+    "testplan",
+    "testrunner",
+    "seccomp",
+    "channel",
+    "stdio",
+    "harness",
+)
 _BOOT = """\
 import sys, types
 def _load(name, src):
@@ -72,6 +85,12 @@ UNSAFE_WARNING = (
 )
 
 
+# The longest wall-clock limit a job may have: a day, past any test a run could wait for. Past it the
+# timers overflow (RLIMIT_CPU, select(); `reward.timeout_s=1e10` ended in an OverflowError). The recipe's
+# reward.timeout_s (check_ranges) and a problem's own timeout_s (data/problems) are held to it.
+MAX_TIMEOUT_S = 24 * 3600
+
+
 class SandboxUnavailable(RuntimeError):
     """The sandbox cannot start here; the message says why and what to install or set."""
 
@@ -94,6 +113,12 @@ class SandboxLimits:
         for name, value in asdict(self).items():
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"SandboxLimits.{name} must be a finite number > 0; got {value}")
+        for name in ("timeout_s", "cpu_s"):
+            value = getattr(self, name)
+            if value is not None and value > MAX_TIMEOUT_S:
+                raise ValueError(
+                    f"SandboxLimits.{name} must be at most {MAX_TIMEOUT_S} s (a day); got {value}"
+                )
 
     def job(self, timeout_s: float, isolate: bool) -> dict[str, Any]:
         return {
@@ -132,9 +157,13 @@ def require_sandbox(unsafe_local: bool) -> str | None:
 
 
 def _bootstrap_source() -> str:
+    """The runtime's sources, compressed: one command-line argument may not exceed 128 KiB on Linux
+    (MAX_ARG_STRLEN), which the plain sources would."""
     here = Path(__file__).parent
     sources = [(f"megatron_rl.reward.{m}", (here / f"{m}.py").read_text()) for m in _RUNTIME_MODULES]
-    return f"SOURCES = {sources!r}\n{_BOOT}"
+    packed = base64.b85encode(zlib.compress(json.dumps(sources).encode(), 9)).decode()
+    unpack = "import base64, json, zlib\nSOURCES = json.loads(zlib.decompress(base64.b85decode(PACKED)))\n"
+    return f"PACKED = {packed!r}\n{unpack}{_BOOT}"
 
 
 def _interpreter() -> tuple[str, list[str]]:
@@ -261,12 +290,19 @@ class Sandbox:
         entry_point: str | None = None,
         timeout_s: float | None = None,
         io_tests: Sequence[tuple[str, str]] = (),
+        prefix: str = "",
+        interface: Sequence[str] = (),
     ) -> dict:
         """Run `tests` against `code`. Returns status, passed, total, output_tail, seconds.
 
-        With `io_tests` ((stdin, expected stdout) pairs; `tests` is then ignored), `code` is a program
-        run once per pair and judged by what it prints (`stdio.py`)."""
+        `prefix` is the problem's own code (HumanEval's prompt): `code` already holds it where the
+        completion needs it (`data/extract.compose_program`); the test runner runs it too, for the
+        names the tests read from it (testplan rule 6). With `io_tests` ((stdin, expected stdout)
+        pairs; `tests` is then ignored), `code` is a program run once per pair and judged by what it
+        prints (`stdio.py`)."""
         timeout = float(timeout_s if timeout_s is not None else self.limits.timeout_s)
+        if not (0 < timeout <= MAX_TIMEOUT_S):  # a problem's own timeout_s (Problem checks it too)
+            raise ValueError(f"a job's timeout must be in (0, {MAX_TIMEOUT_S}] s; got {timeout}")
         if not self.alive:
             self.start()
         assert self._ctrl is not None
@@ -287,7 +323,8 @@ class Sandbox:
             if io_tests:
                 payloads = [{"code": code, "stdio": True}, {"io": [[i, o] for i, o in io_tests]}]
             else:
-                payloads = [{"code": code}, self._tests_payload(tests, entry_point)]
+                planned = self._tests_payload(tests, entry_point, prefix, tuple(interface))
+                payloads = [{"code": code, "names": planned["names"]}, planned]
             for fd, payload in zip((sol_w, tests_w), payloads):
                 os.set_blocking(fd, False)
                 try:
@@ -329,20 +366,25 @@ class Sandbox:
         record["seconds"] = time.monotonic() - start
         return record
 
-    def _tests_payload(self, tests: str, entry_point: str | None) -> dict:
-        """The tests as the runner needs them: planned here once per problem (cached), else as source."""
-        key = (tests, entry_point)
+    def _tests_payload(self, tests: str, entry_point: str | None, prefix: str, interface: tuple) -> dict:
+        """The tests as the runner needs them: planned here once per problem (cached), else as source.
+
+        `names` in the result are the plan's solution names (the entry point, given or inferred from the
+        tests, and the declared interface): the solution process announces those alone."""
+        key = (tests, entry_point, prefix, interface)
         payload = _PLANS.get(key)
         if payload is None:
             try:
-                payload = {"plan": testplan.plan_to_wire(testplan.plan_tests(tests, entry_point))}
+                plan = testplan.plan_tests(tests, entry_point, prefix, interface)
+                payload = {"plan": testplan.plan_to_wire(plan), "names": plan.solution_names}
             except (SyntaxError, ValueError):  # the runner reports it, as for any unusable tests
-                payload = {"tests": tests}
+                names = [n for n in (entry_point, *interface) if n]
+                payload = {"tests": tests, "prefix": prefix, "entry_point": entry_point, "names": names}
             with _PLANS_LOCK:  # worker threads share the cache
                 if len(_PLANS) >= 4096:
                     _PLANS.pop(next(iter(_PLANS)))
                 _PLANS[key] = payload
-        return {**payload, "entry_point": entry_point}
+        return payload
 
     def _send_job(self, job: bytes, fds: list[int]) -> bool:
         """Hand the job to the zygote; if the sandbox died while idle, restart it once and retry."""

@@ -2,31 +2,51 @@
 
 Standard library only; runs inside the sandbox in the test-runner process, which never executes the
 solution's code. How tests become units, what passes, and which shapes are refused is `testplan`'s
-docstring; this module applies it. The solution lives in another process and is reached through
-`RemoteObject`s: calling one sends the arguments across (`wire.encode`), and what comes back is decoded
-into plain built-in values, so every comparison an `assert` makes runs here, on values the solution
-cannot forge. Objects the codec cannot carry (instances of the solution's classes, generators) come
-back as handles whose methods may be called but which refuse `==`, `bool()` and hashing: asking an
-opaque object whether it equals the expected answer is exactly the question a reward hacker wants to
-answer.
+docstring; this module applies it, with `proof.Recorder` gathering what each unit must prove. The
+solution lives in another process and is reached through `RemoteObject`s: calling one sends the
+arguments across (`wire.encode`), and what comes back is decoded into plain built-in values, so every
+comparison an `assert` makes runs here, on values the solution cannot forge. Objects the codec cannot
+carry (instances of the solution's classes, generators) come back as handles whose methods may be
+called but which refuse `==`, ordering and hashing: asking an opaque object whether it equals the
+expected answer is exactly the question a reward hacker wants to answer. Their truth is the one the
+solution's process computed as it returned them, once (MBPP's `assert text_match(s)` on an `re.Match`):
+any answer there is one the solution could have returned as a bool.
 
-Limits of the remote model: tests compare return values; a test that expects the solution to mutate
-an argument in place, or that passes a lambda to it, cannot be expressed.
+Two more things keep the remote model faithful to running the code in one process:
+- An object's sequence protocol is answered once: the first `iter`, `len`, `in` or index (an int or a
+  slice) materialises it (the solution iterates it, at most 100,000 items) and every later question is
+  answered here from that one list, until the tests touch one of its attributes (a method such as
+  `sort` may change it). An object cannot then say one thing to `iter` and another to `[i]` or `len`.
+  Indexing it by anything else is refused.
+- Arguments the solution mutates are mutated here too: after a call whose arguments hold lists, dicts,
+  sets or bytearrays, the solution sends back their new contents and the test's own objects are
+  updated in place, so a test that checks (or relies on) an argument after the call sees what the
+  function did to it.
 """
 
 from __future__ import annotations
 
 import builtins
+import importlib
 import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_rl.reward import testplan, wire
-from megatron_rl.reward.testplan import TestPlan, TestShapeError, Unit, plan_tests
+from megatron_rl.reward import proof, wire
+from megatron_rl.reward.testplan import RUN_CASE, RUN_TEST, Step, TestPlan, TestShapeError, Unit, plan_tests
 
-__all__ = ["TestPlan", "TestShapeError", "Unit", "plan_tests", "bind_solution", "run_units", "RemoteObject"]
+__all__ = [
+    "Step",
+    "TestPlan",
+    "TestShapeError",
+    "Unit",
+    "plan_tests",
+    "bind_solution",
+    "run_units",
+    "RemoteObject",
+]
 
 
 class JobTimeout(BaseException):
@@ -68,37 +88,54 @@ def raise_remote(type_name: Any, message: Any) -> None:
 
 
 class RemoteObject:
-    """Something the solution owns: a top-level name, or an object it returned that had no plain form."""
+    """Something the solution owns: its entry point, or an object it returned that had no plain form."""
 
-    __slots__ = ("_call", "_ref", "_type")
+    __slots__ = ("_call", "_ref", "_type", "_items", "_truth")
 
-    def __init__(self, call: Callable[[list], Any], ref: dict, type_name: str = "object") -> None:
+    def __init__(
+        self, call: Callable[[list], Any], ref: dict, type_name: str = "object", truth: bool | None = None
+    ) -> None:
         object.__setattr__(self, "_call", call)
         object.__setattr__(self, "_ref", ref)
         object.__setattr__(self, "_type", type_name)
+        object.__setattr__(self, "_items", None)
+        object.__setattr__(self, "_truth", truth)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call(["call", self._ref, list(args), kwargs])
+        return _ask(self._call, ["call", self._ref, list(args), kwargs])
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        return self._call(["get", self._ref, name])
+        object.__setattr__(self, "_items", None)  # a method may change the object: ask again next time
+        return _ask(self._call, ["get", self._ref, name])
 
-    def __getitem__(self, key: Any) -> Any:
-        return self._call(["getitem", self._ref, key])
+    def _sequence(self) -> list:
+        """The object's items, asked for once (module docstring): every later answer comes from here."""
+        items = self._items
+        if items is None:
+            items = _ask(self._call, ["list", self._ref])
+            if type(items) is not list:
+                raise TypeError("the solution's iterator did not produce a list")
+            object.__setattr__(self, "_items", items)
+        return items
+
+    def __iter__(self):
+        return iter(self._sequence())
 
     def __len__(self) -> int:
-        n = self._call(["len", self._ref])
-        if type(n) is not int or n < 0:
-            raise TypeError("the solution's __len__ did not return a non-negative int")
-        return n
+        return len(self._sequence())
 
-    def __iter__(self):  # materialised by the solution, compared here
-        items = self._call(["list", self._ref])
-        if type(items) is not list:
-            raise TypeError("the solution's iterator did not produce a list")
-        return iter(items)
+    def __contains__(self, item: Any) -> bool:
+        return item in self._sequence()
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, (int, slice)):
+            return self._sequence()[key]
+        raise TypeError(
+            f"the solution returned a {self._type} object, which tests may index only by int or slice "
+            "(as a sequence): return a dict for lookups by key"
+        )
 
     def __repr__(self) -> str:
         return f"<solution {self._type}>"
@@ -109,47 +146,153 @@ class RemoteObject:
             "truth: return plain values (numbers, strings, lists, tuples, dicts, sets)"
         )
 
-    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __hash__ = __contains__ = _opaque
+    def __bool__(self) -> bool:
+        """The truth the solution's process gave the object when it returned it (`re.match(...)` is
+        true); a lie is no more than returning that bool. Without one (an entry point, a truth that
+        raised), refused like a comparison."""
+        if self._truth is None:
+            return self._opaque()
+        return self._truth
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = _opaque
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise TypeError("tests cannot set attributes on the solution's objects")
+        """`root.left = Node(2)` (MBPP builds trees so): the solution's object takes the value, which
+        crosses as any argument does."""
+        if name.startswith("__"):
+            raise TypeError("tests cannot set special attributes on the solution's objects")
+        object.__setattr__(self, "_items", None)
+        _ask(self._call, ["set", self._ref, name, value])
 
 
-def bind_solution(
-    plan: TestPlan, solution_names: list, values: dict, entry_point: str | None, call: Callable[[list], Any]
-) -> dict:
-    """The namespace tests run in: the runner's helpers, and the solution's names the tests read.
+def _ask(call: Callable[[list], Any], op: list) -> Any:
+    """One request to the solution, with the proof's tracer off while the runner's own code carries it.
 
-    Only names the tests read and never bind (`plan.names`) are looked up in the solution. Top-level
-    data the solution defined (`ans = 42`) arrives in `values`, encoded, and is bound as the plain value
-    it decodes to; functions, classes and other objects are bound as RemoteObjects. Names of built-ins
-    and standard-library modules are never bound, even if the solution defines them: otherwise a
-    solution defining `len` or `math` would answer the tests' own questions.
+    With a tracer set, CPython runs every frame of the thread on its slower tracing path; the channel
+    and the codec need no tracing. The tests' frames keep their tracer: what the solution raises is
+    seen there as it propagates, once the tracer is back (proof.py rule 2)."""
+    tracer = sys.gettrace()
+    if tracer is None:
+        return call(op)
+    sys.settrace(None)
+    try:
+        return call(op)
+    finally:
+        sys.settrace(tracer)
+
+
+def bind_solution(plan: TestPlan, solution_names: list, values: dict, call: Callable[[list], Any]) -> dict:
+    """The namespace tests run in: the runner's helpers, and the solution's entry point (with the
+    interface names the problem declares).
+
+    Nothing else of the solution is bound (testplan rule 6). A name that is top-level data (`ans = 42`)
+    arrives in `values`, encoded, and is bound as the plain value it decodes to; a function, class or
+    other object is bound as a RemoteObject. A name the solution does not define is left unbound, and
+    `run_units` fails every unit before running any.
     """
     namespace: dict[str, Any] = {
         "__name__": "__main__",
         "__builtins__": builtins,
         "map": _Map,  # globals shadow the built-ins for the tests' code (cheaper than a builtins copy)
         "filter": _Filter,
-        testplan.RUN_TEST: _run_test,
-        testplan.RUN_CASE: _run_case,
+        RUN_TEST: _run_test,
+        RUN_CASE: _run_case,
+        "exit": _exit,  # what `site` gives a script; never the solution's
+        "quit": _exit,
     }
-    reserved = set(dir(builtins)) | set(sys.stdlib_module_names)
-    offered = {n for n in solution_names if isinstance(n, str) and n.isidentifier()}
-    for name in plan.names & offered:
-        if name in reserved and name != entry_point:
+    offered = {n for n in solution_names if isinstance(n, str)}
+    for name in plan.solution_names:
+        if name not in offered:
             continue
         if name in values:
             try:
                 namespace[name] = wire.decode(values[name])
-                continue
             except wire.WireError:
-                pass  # malformed: leave the name unbound, so tests reading it fail
+                pass  # malformed: left unbound, so the tests fail
         else:
             namespace[name] = RemoteObject(call, {"n": name}, "function")
-    if plan.candidate and entry_point:
-        namespace[plan.candidate] = RemoteObject(call, {"n": entry_point}, "function")
     return namespace
+
+
+def _exit(code: Any = None) -> None:
+    """`exit()` and `quit()` as a script has them: SystemExit (which fails the step that raises it)."""
+    raise SystemExit(code)
+
+
+# ---- arguments the solution mutated ---------------------------------------------------------------
+
+_MUTABLE = (list, dict, set, bytearray)
+
+
+def holds_mutable(values: Any, _depth: int = 0) -> bool:
+    """Whether arguments (a list or tuple of them) hold a list, dict, set or bytearray a call could change."""
+    if _depth > wire.MAX_DEPTH:
+        return False
+    return any(
+        isinstance(v, _MUTABLE) or (isinstance(v, tuple) and holds_mutable(v, _depth + 1)) for v in values
+    )
+
+
+def write_back(original: Any, new: Any, _depth: int = 0) -> None:
+    """Make the test's `original` argument hold what the solution left in its copy (`new`, decoded).
+
+    In place, keeping the identity of nested lists, dicts and sets where their kind is unchanged, so a
+    test holding a reference to an inner list sees its change too. Values of another shape than the
+    original (a protocol lie) are ignored: a function cannot change the type of its caller's object."""
+    if _depth > wire.MAX_DEPTH:
+        return
+    d = _depth + 1
+    if isinstance(original, list) and type(new) is list:
+        if len(original) != len(new):
+            original[:] = new
+            return
+        for i, (o, n) in enumerate(zip(original, new)):
+            if _same_kind(o, n):
+                write_back(o, n, d)
+            else:
+                original[i] = n
+    elif isinstance(original, dict) and type(new) is dict:
+        for key in [k for k in original if k not in new]:
+            del original[key]
+        for key, n in new.items():
+            o = original.get(key, _MISSING)
+            if o is not _MISSING and _same_kind(o, n):
+                write_back(o, n, d)
+            else:
+                original[key] = n
+    elif isinstance(original, set) and type(new) is set:
+        original.clear()
+        original |= new
+    elif isinstance(original, bytearray) and type(new) is bytearray:
+        original[:] = new
+    elif isinstance(original, tuple) and type(new) is tuple and len(original) == len(new):
+        for o, n in zip(original, new):
+            if _same_kind(o, n):
+                write_back(o, n, d)
+
+
+_MISSING = object()
+
+
+def _same_kind(original: Any, new: Any) -> bool:
+    return any(isinstance(original, t) and type(new) is t for t in (*_MUTABLE, tuple))
+
+
+def apply_mutations(args: list, kwargs: dict, mutated: Any, make_handle: Callable[[Any], Any]) -> None:
+    """Write the solution's report of its arguments after a call (`[args, kwargs]`, encoded) back."""
+    if type(mutated) is not list or len(mutated) != 2:
+        raise SolutionGone("malformed report of mutated arguments")
+    try:
+        new_args, new_kwargs = wire.decode(mutated[0], make_handle), wire.decode(mutated[1], make_handle)
+    except wire.WireError as e:
+        raise SolutionGone(f"the solution sent malformed arguments back: {e}") from None
+    if type(new_args) is list and len(new_args) == len(args):
+        for original, new in zip(args, new_args):
+            write_back(original, new)
+    if type(new_kwargs) is dict:
+        for key, original in kwargs.items():
+            if key in new_kwargs:
+                write_back(original, new_kwargs[key])
 
 
 def _no_stop(func: Any) -> Any:
@@ -218,28 +361,49 @@ class RunOutcome:
 
 
 def run_units(plan: TestPlan, namespace: dict) -> RunOutcome:
-    """Run the steps in order. A unit passes when it raises nothing; a set-up failure fails the problem."""
-    passed, failures = 0, []
-    index = 0
-    for unit in plan.units:
-        if unit.is_test:
-            index += 1
-        try:
-            exec(unit.code, namespace)
-        except BaseException as e:  # an assertion, a timeout, a dead solution, a test's own SystemExit
-            failures.append(_failure(unit, index, e))
-            if not unit.is_test:
-                failures.append("set-up failed, so the problem fails: no test counts as passed")
-                return RunOutcome(0, plan.total, failures)
-        else:
-            passed += unit.is_test
+    """Run the steps in order, under the proof of `proof.py`; a set-up failure fails the problem."""
+    labels = [u.label for u in plan.units]
+    missing = [n for n in plan.solution_names if n not in namespace]
+    if missing:
+        return RunOutcome(0, plan.total, [f"the solution does not define `{missing[0]}`: no test ran"])
+    try:
+        _problem_code(plan, namespace)
+    except BaseException as e:  # the problem's own code (or a stdlib import) failed: not the solution's fault
+        return RunOutcome(
+            0, plan.total, [f"set-up failed: the problem's code raised {type(e).__name__}: {e}"[:400]]
+        )
+    recorder = proof.Recorder(
+        [u.lexical for u in plan.units], [u.attributed for u in plan.units], labels, plan.site_lines
+    )
+    namespace.update(recorder.hooks())
+    with recorder.trace(proof.code_objects(s.code for s in plan.steps)):
+        for step in plan.steps:
+            outer = recorder.begin()
+            error: BaseException | None = None
+            try:
+                exec(step.code, namespace)
+            except BaseException as e:  # an assertion, a timeout, a dead solution, a test's own SystemExit
+                error = e
+            if step.kind == "unit":
+                recorder.end_unit(step.unit, error, outer)
+                continue
+            if step.kind == "check" and error is not None and error is recorder.ended_by:
+                error = None  # a unit of the split check ended it (time is up, ...): the rest did not run
+            if not recorder.end_setup(step.line, step.label, error, outer):
+                break
+    passed, failures = recorder.outcome()
     return RunOutcome(passed, plan.total, failures)
 
 
-def _failure(unit: Unit, index: int, exc: BaseException) -> str:
-    what = f"test {index}" if unit.is_test else f"set-up (line {unit.line})"
-    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return f"{what} failed: {unit.label} -> {detail[:300]}"
+def _problem_code(plan: TestPlan, namespace: dict) -> None:
+    """The problem's code (testplan rule 6) and the stdlib modules the tests read, before any test."""
+    if plan.prefix is not None:
+        bound = {n: namespace[n] for n in plan.solution_names if n in namespace}
+        exec(plan.prefix, namespace)
+        namespace.update(bound)  # the prompt's stub of the entry point is not the solution
+    for module in plan.imports:
+        if module not in namespace:
+            namespace[module] = importlib.import_module(module)
 
 
 def decode_reply(reply: Any, make_handle: Callable[[Any], Any]) -> Any:

@@ -6,9 +6,9 @@ nothing of the project is on disk.
 Why a codec of our own rather than pickle: the test runner must never run code chosen by the program
 under test. Unpickling runs arbitrary constructors; decoding here only ever builds exact built-in
 values (None, bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset,
-range, Fraction, Decimal). So a value that came back from the solution compares, hashes and prints
-with the interpreter's own code, and an object whose `__eq__` always answers True cannot survive the
-trip. Anything else crosses as an opaque handle (`{"$h": id}`) that the runner may call methods on
+range, Fraction, Decimal, and those types themselves, looked up by name in a fixed table). So a value
+that came back from the solution compares, hashes and prints with the interpreter's own code, and an
+object whose `__eq__` always answers True cannot survive the trip. Anything else crosses as an opaque handle (`{"$h": id}`) that the runner may call methods on
 but never compare.
 
 Frames are a 4-byte big-endian length and a JSON body, so a reader knows how much to read and can
@@ -124,7 +124,28 @@ def read_frame(fd: int, deadline: float | None = None, limit: int = MAX_FRAME) -
 
 # ---- values --------------------------------------------------------------------------------------
 
-_TAGS = ("$t", "$s", "$fs", "$d", "$b", "$ba", "$c", "$r", "$fr", "$dec", "$h")
+_TAGS = ("$t", "$s", "$fs", "$d", "$b", "$ba", "$c", "$r", "$fr", "$dec", "$ty", "$h")
+# Built-in types as values (MBPP's `remove_datatype(xs, int)`): sent by name, decoded from this table only.
+_TYPES = {
+    t.__name__: t
+    for t in (
+        int,
+        float,
+        complex,
+        bool,
+        str,
+        bytes,
+        bytearray,
+        list,
+        tuple,
+        dict,
+        set,
+        frozenset,
+        range,
+        type(None),
+    )
+}
+_TYPES.update({"Fraction": Fraction, "Decimal": Decimal})
 _SCALARS = (type(None), bool, int, float, str)
 
 
@@ -176,6 +197,8 @@ def encode(value: Any, to_handle: Callable[[Any], Any] | None = None, _depth: in
         return {"$fr": [int(value.numerator), int(value.denominator)]}
     if isinstance(value, Decimal):
         return {"$dec": str(value)}
+    if isinstance(value, type) and _TYPES.get(value.__name__) is value:
+        return {"$ty": value.__name__}
     if to_handle is None:
         raise WireError(f"a value of type {type(value).__name__} cannot be sent; send plain data")
     return to_handle(value)
@@ -222,6 +245,10 @@ def decode(data: Any, from_handle: Callable[[Any], Any] | None = None, _depth: i
             return Fraction(num, den)
         if tag == "$dec":
             return Decimal(_as_str(body))
+        if tag == "$ty":
+            if _as_str(body) not in _TYPES:
+                raise WireError(f"no built-in type named {body[:40]!r}")
+            return _TYPES[body]
         if tag == "$h":
             if from_handle is None:
                 raise WireError("an object handle arrived where only plain values are accepted")

@@ -6,8 +6,9 @@ completion written so that it would earn the reward if its trick worked, and the
   `match` in the message;
 - `zero`: the completion is scored and earns reward 0 (with `status`, when one is required); when
   `honest` is given, that correct completion must still earn reward 1 under the same tests.
-`plant` is a completion scored first in the same sandbox, for attacks that need an earlier job.
-`test_reward_hacking.py` runs them all.
+`plant` is a completion scored first in the same sandbox, for attacks that need an earlier job;
+`prefix` is the problem's own code that runs before the completion (HumanEval's prompt).
+`test_reward_hacking.py` runs them all, with the second round's (`hacking_cases_round2.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Case:
     entry_point: str = "f"
     plant: str | None = None
     timeout_s: float | None = None
+    prefix: str = ""
 
 
 WRONG = "def f(x):\n    return 0\n"
@@ -546,9 +548,8 @@ CASES = [
         "test_that_returns_its_verdict",
         "def test_f():\n    return f(1) == 2\n",
         WRONG,
-        "zero",
-        "failed",
-        honest=None,
+        "refused",
+        match="contains no assertion",
     ),
     Case(
         "set_up_failure_after_a_passing_test",

@@ -1,4 +1,5 @@
-"""Every case of `hacking_cases.py`: refused at load, or scored with reward 0 in a real sandbox.
+"""Every case of `hacking_cases.py` and `hacking_cases_round2.py`: refused at load, or scored with
+reward 0 in a real sandbox.
 
 Honest completions under the same tests still earn reward 1, no process outlives its job, and the
 pool serves normally after every case.
@@ -8,13 +9,16 @@ import json
 
 import psutil
 import pytest
-from hacking_cases import CASES, Case
+from hacking_cases import CASES as ROUND1
+from hacking_cases import Case
+from hacking_cases_round2 import CASES as ROUND2
 
 from megatron_rl.config.schema import RewardConfig
 from megatron_rl.data.problems import Problem, load_problems
 from megatron_rl.reward.pool import RewardPool
 from megatron_rl.reward.sandbox import find_bwrap
 
+CASES = ROUND1 + ROUND2
 SCORED = [c for c in CASES if c.expect == "zero"]
 REFUSED = [c for c in CASES if c.expect == "refused"]
 GOOD = Problem(id="good", prompt="p", tests="assert f(1) == 2\n", entry_point="f")
@@ -24,13 +28,21 @@ needs_bwrap = pytest.mark.skipif(
 
 
 def _record(case: Case) -> dict:
-    return {"id": case.name, "prompt": "p", "tests": case.tests, "entry_point": case.entry_point}
+    return {
+        "id": case.name,
+        "prompt": "p",
+        "tests": case.tests,
+        "entry_point": case.entry_point,
+        "prefix": case.prefix,
+    }
 
 
 def test_the_suite_is_large_and_well_formed():
     assert len({c.name for c in CASES}) == len(CASES)
     assert all(c.expect in ("zero", "refused") for c in CASES)
-    assert len(CASES) >= 11 + 15 + 5  # the issue's holes and limits, and at least 15 more
+    assert len(CASES) >= 11 + 15 + 5 + 25  # both rounds of the issues' holes, and more
+    for kind in "ABCDEFG":  # issue 29's classes, several variants of each
+        assert sum(c.name.startswith(f"{kind}_") for c in CASES) >= 3, kind
 
 
 @pytest.mark.parametrize("case", REFUSED, ids=lambda c: c.name)
@@ -61,7 +73,12 @@ def _processes() -> int:
 @pytest.mark.parametrize("case", SCORED, ids=lambda c: c.name)
 def test_wrong_code_earns_nothing_and_honest_code_still_passes(pool, case):
     problem = Problem(
-        id=case.name, prompt="p", tests=case.tests, entry_point=case.entry_point, timeout_s=case.timeout_s
+        id=case.name,
+        prompt="p",
+        tests=case.tests,
+        entry_point=case.entry_point,
+        timeout_s=case.timeout_s,
+        prefix=case.prefix,
     )
     before = _processes()
     if case.plant is not None:  # an earlier job in the same sandbox: one worker, so it is the same one

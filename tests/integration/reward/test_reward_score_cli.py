@@ -72,3 +72,71 @@ def test_the_programs_escape_sequences_are_shown_escaped(case, capsys):
     assert "status failed, reward 0" in out
     assert "\x1b" not in out and "\r" not in out
     assert "\\x1b[1A\\x1b[2K\\rproblem sq: status passed" in out
+
+
+# ---- a whole file of completions -------------------------------------------------------------------
+
+
+@pytest.fixture
+def samples(tmp_path):
+    """HumanEval-shaped problems as the set ships (.jsonl.gz), and samples in human-eval's own shape."""
+    from tests.helpers.public_sets import HUMANEVAL, write_jsonl_gz
+
+    problems = write_jsonl_gz(HUMANEVAL, tmp_path / "HumanEval.jsonl.gz")
+    good = {r["task_id"]: r["canonical_solution"] for r in HUMANEVAL}
+    rows = [
+        {"task_id": "HumanEval/0", "completion": good["HumanEval/0"]},
+        {"id": "HumanEval/1", "completion": "    return s\n"},  # wrong
+        {"id": "HumanEval/0", "completion": "no code here"},
+        {"task_id": "HumanEval/1", "completion": good["HumanEval/1"]},
+        {"id": "HumanEval/2", "completion": good["HumanEval/2"]},
+    ]
+    completions = tmp_path / "samples.jsonl"
+    completions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return problems, completions
+
+
+def test_a_file_of_completions_is_scored_in_its_order_with_pass_at_1(samples, capsys):
+    problems, completions = samples
+    argv = ["--problems", str(problems), "--completions", str(completions), "--json", "--workers", "2"]
+    assert main(argv) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    *rows, last = lines
+    assert [(r["id"], r["line"], r["status"]) for r in rows] == [
+        ("HumanEval/0", 1, "passed"),
+        ("HumanEval/1", 2, "failed"),
+        ("HumanEval/0", 3, "no_code"),
+        ("HumanEval/1", 4, "passed"),
+        ("HumanEval/2", 5, "passed"),
+    ]
+    assert [r["reward"] for r in rows] == [1.0, 0.0, 0.0, 1.0, 1.0]
+    summary = last["summary"]
+    assert summary["pass@1_per_problem"] == {"HumanEval/0": 0.5, "HumanEval/1": 0.5, "HumanEval/2": 1.0}
+    assert summary["pass@1"] == pytest.approx(2 / 3) and (summary["completions"], summary["problems"]) == (
+        5,
+        3,
+    )
+    assert summary["statuses"] == {"passed": 3, "failed": 1, "no_code": 1}
+
+
+def test_the_report_and_bad_completion_files(samples, capsys, tmp_path):
+    problems, completions = samples
+    assert main(["--problems", str(problems), "--completions", str(completions), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "HumanEval/1 (line 2): failed, reward 0" in out
+        and "pass@1 0.6667 over 3 problems, 5 completions" in out
+    )
+    bad = tmp_path / "bad.jsonl"
+    for text, message in (
+        ('{"id": "HumanEval/9", "completion": "x"}\n', "no problem with id 'HumanEval/9'"),
+        ('{"id": "HumanEval/0"}\n', "needs 'id' (or 'task_id') and 'completion'"),
+        ("{not json\n", "bad.jsonl:1: not valid JSON"),
+        ("\n", "holds no completions"),
+    ):
+        bad.write_text(text)
+        assert main(["--problems", str(problems), "--completions", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert main(["--problems", str(problems), "--completion", str(bad)]) == 2  # a mix of the two modes
+    assert "not a mix" in capsys.readouterr().err

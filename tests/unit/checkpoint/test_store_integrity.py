@@ -88,7 +88,45 @@ FAULTS = {
     "no marker": (lambda d: (d / MARKER).unlink(), "no COMPLETE marker"),
     "no manifest": (lambda d: (d / MANIFEST).unlink(), "no MANIFEST.json"),
     "garbled manifest": (lambda d: (d / MANIFEST).write_text("{"), "MANIFEST.json is unreadable"),
+    # symbolic links anywhere, to copies outside the checkpoint: the bytes are not its own
+    "symlinked shard": (lambda d: _link_out(d, "dist/__0_0.distcp"), "symbolic links inside the checkpoint"),
+    "symlinked dist/": (lambda d: _link_out(d, "dist"), "symbolic links inside the checkpoint"),
+    "extra symlinked folder": (
+        lambda d: (d / "more").symlink_to(d.parent, target_is_directory=True),
+        "symbolic links inside the checkpoint (its files must be its own): ['more']",
+    ),
+    # a manifest of any other shape than the one written: does not verify, never a traceback
+    "manifest is a list": (lambda d: _edit(d, lambda m: [m]), "a JSON list, not an object"),
+    "entry without bytes": (
+        lambda d: _edit(d, lambda m: m["files"]["run_state.json"].pop("bytes") and m),
+        "run_state.json: no byte count",
+    ),
+    "no total_bytes": (lambda d: _edit(d, lambda m: m.pop("total_bytes") and m), "no 'total_bytes'"),
+    "entry not an object": (
+        lambda d: _edit(d, lambda m: m["files"].update({"run_state.json": 17}) or m),
+        "an entry that is not an object",
+    ),
+    "no files object": (lambda d: _edit(d, lambda m: m.update(files=[]) or m), "no 'files' object"),
+    "path out of the checkpoint": (
+        lambda d: _edit(d, lambda m: m["files"].update({"../outside": {"bytes": 0, "xxh3_128": "0"}}) or m),
+        "does not stay inside the checkpoint",
+    ),
+    "total that is not the sum": (
+        lambda d: _edit(d, lambda m: m.update(total_bytes=m["total_bytes"] + 1) or m),
+        "is not the sum",
+    ),
 }
+
+
+def _link_out(d, rel):
+    """Move `rel` out of the checkpoint and leave a symbolic link to the copy in its place."""
+    outside = d.parent / f"outside-{rel.replace('/', '_')}"
+    (d / rel).rename(outside)
+    (d / rel).symlink_to(outside, target_is_directory=outside.is_dir())
+
+
+def _edit(d, change):
+    (d / MANIFEST).write_text(json.dumps(change(json.loads((d / MANIFEST).read_text()))))
 
 
 def test_a_sealed_checkpoint_verifies_and_lists_every_file(tmp_path):
@@ -115,6 +153,24 @@ def test_each_fault_is_named_and_resume_falls_back_to_the_older_intact_one(tmp_p
     assert any(message in p for p in problems), problems
     (step, path), skipped = newest_verified(tmp_path)
     assert step == 1 and [s[0] for s in skipped] == [newest] and skipped[0][1] == problems
+
+
+@pytest.mark.parametrize(
+    "fault", ["symlinked dist/", "entry without bytes", "no total_bytes", "manifest is a list"]
+)
+def test_resume_auto_skips_a_checkpoint_that_does_not_verify_and_ckpt_verify_says_why(
+    tmp_path, fault, capsys
+):
+    """On main these raised KeyError/AttributeError: resume=auto crashed, `ckpt verify` printed a traceback."""
+    from megatron_rl.checkpoint.resume import find
+
+    older = _save(tmp_path, 1)
+    newest = _save(tmp_path, 2)
+    FAULTS[fault][0](newest)
+    assert find("auto", tmp_path) == older
+    assert ckpt_main(["verify", str(newest)]) == 1
+    out = capsys.readouterr().out
+    assert f"FAIL {newest}" in out and FAULTS[fault][1] in out
 
 
 def test_quick_verify_sees_sizes_only_and_shares_split_the_rehashing(tmp_path):

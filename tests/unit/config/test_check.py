@@ -39,6 +39,8 @@ def test_every_numeric_key_of_the_schema_has_a_range():
     assert missing == [], f"give these a range in megatron_rl/check_ranges.py NUMERIC: {missing}"
     stale = [k for k in NUMERIC if k not in keys]
     assert stale == [], f"NUMERIC names keys the schema does not have: {stale}"
+    unbounded = [k for k, (_, hi, _, _) in NUMERIC.items() if hi is None]
+    assert unbounded == [], f"give these an upper bound (what a real run could need): {unbounded}"
 
 
 def _outside(rng) -> list:
@@ -91,6 +93,11 @@ def test_each_out_of_range_value_is_refused_naming_its_key(tiny, key, value):
         "optim.adam_beta2=1",
         "rollout.stop_token_ids=[5,-1]",
         "optim.lr=1e38",  # finite, but Adam's first step lr / (1 - beta1) overflows float32
+        "reward.timeout_s=1e10",  # scoring died with an OverflowError traceback
+        f"rollout.samples_per_prompt={10**12}",
+        f"reward.memory_mb={10**8}",
+        "checkpoint.dir=''",  # checkpoints would land in whatever the current directory is
+        "cluster.dist_timeout_s=1e9",
     ],
 )
 def test_the_reported_values_are_refused(override):

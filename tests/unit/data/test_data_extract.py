@@ -1,6 +1,6 @@
 import pytest
 
-from megatron_rl.data.extract import extract_code, fenced_blocks
+from megatron_rl.data.extract import compose_program, extract_code, fenced_blocks
 
 SOLUTION = "def f(x):\n    return x + 1\n"
 
@@ -45,3 +45,41 @@ def test_fences_of_four_backticks_and_tildes():
     assert [b.lang for b in blocks] == ["python", ""]
     assert blocks[0].code == "```\ninner\n```\n"
     assert blocks[1].code == "x = 1\n" and all(b.closed for b in blocks)
+
+
+PROMPT = 'from typing import List\n\n\ndef total(xs: List[int]) -> int:\n    """The sum."""\n'
+STARTER = "import math\nclass Solution:\n    def total(self, xs: List[int]) -> int:\n        "
+
+
+@pytest.mark.parametrize(
+    ("completion", "prefix", "expected"),
+    [
+        # HumanEval's shape: the body that continues the prompt, joined as the harness joins it
+        ("    return sum(xs)\n", PROMPT, PROMPT + "    return sum(xs)\n"),
+        # a fenced full function, and the entry point alone: after the prompt, whose imports they use
+        (
+            "Sure:\n```python\ndef total(xs):\n    return sum(xs)\n```",
+            PROMPT,
+            PROMPT + "\ndef total(xs):\n    return sum(xs)\n",
+        ),
+        (
+            "def total(xs: List[int]) -> int:\n    return sum(xs)\n",
+            PROMPT,
+            PROMPT + "def total(xs: List[int]) -> int:\n    return sum(xs)\n",
+        ),
+        # a fenced body
+        ("```python\n    return sum(xs)\n```", PROMPT, PROMPT + "\n    return sum(xs)\n"),
+        # starter code that stops at an open def: continued on its last line, or restated after its head
+        ("return sum(xs)\n", STARTER, STARTER + "return sum(xs)\n"),
+        (
+            "```python\nclass Solution:\n    def total(self, xs):\n        return sum(xs)\n```",
+            STARTER,
+            "import math\n\nclass Solution:\n    def total(self, xs):\n        return sum(xs)\n",
+        ),
+        ("Sure", PROMPT, None),  # prose is still no code
+        ("```cpp\nint total();\n```", PROMPT, None),
+        ("def f(x):\n    return x\n", "", "def f(x):\n    return x\n"),  # no prefix: extract_code
+    ],
+)
+def test_compose_program_runs_the_problems_code_first(completion, prefix, expected):
+    assert compose_program(completion, prefix, "total") == expected

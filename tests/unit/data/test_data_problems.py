@@ -92,3 +92,10 @@ def test_parquet_reads_with_pyarrow_or_says_how_to_get_it(tmp_path):
 def test_problem_is_hashable_despite_metadata():
     p = Problem(id="a", prompt="p", tests="assert 1\n", metadata={"k": [1]})
     assert {p: 1}[p] == 1
+
+
+@pytest.mark.parametrize("timeout", [1e10, 86400.5])
+def test_a_problems_own_timeout_is_at_most_a_day(timeout):
+    with pytest.raises(ValueError, match="at most 86400"):
+        Problem(id="a", prompt="p", tests="assert 1\n", timeout_s=timeout)
+    assert Problem(id="a", prompt="p", tests="assert 1\n", timeout_s=86400).timeout_s == 86400

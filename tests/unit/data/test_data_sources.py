@@ -96,7 +96,8 @@ def test_stdio_shapes(tmp_path, tests):
 @pytest.mark.parametrize(
     "record, message",
     [
-        ({"prompt": "p", "input_output": {"inputs": [[1]], "outputs": [[2]], "fn_name": "f"}}, "call-based"),
+        ({"prompt": "p", "input_output": {"inputs": [[1]], "outputs": [[2]], "fn_name": "1f"}}, "identifier"),
+        ({"prompt": "p", "input_output": {"inputs": [[1]], "outputs": [], "fn_name": "f"}}, "equally long"),
         ({"prompt": "p", "tests": []}, "empty list of stdin/stdout tests"),
         ({"prompt": "p", "tests": [{"in": "1"}]}, "must be an object with 'input' and 'output'"),
         ({"prompt": "p", "tests": {"inputs": ["1"], "outputs": []}}, "1 inputs but 0 outputs"),

@@ -32,6 +32,9 @@ def files(tmp_path):
         ["--memory-mb", "0"],
         ["--memory-mb", "-5"],
         ["--memory-mb", "1.5"],
+        ["--timeout-s", "1e10"],  # past a day: on main it ended in an OverflowError traceback
+        ["--memory-mb", str(10**8)],  # past this machine's memory (and any host's)
+        ["--workers", "0"],
         ["--mode", "generous"],
     ],
     ids=lambda f: " ".join(f),

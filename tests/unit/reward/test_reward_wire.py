@@ -61,6 +61,20 @@ def test_builtin_subclasses_arrive_as_their_base_type():
     assert type(back) is int and back != 4
 
 
+def test_builtin_types_cross_as_themselves_and_no_other_type_does():
+    """MBPP passes types (`remove_datatype(xs, int)`); on main they could not be sent at all."""
+    values = [int, str, float, type(None), [bool, tuple]]
+    assert wire.decode(wire.encode(values)) == values
+    assert wire.decode(wire.encode(values))[0] is int
+
+    class int_:  # named like one, is not one
+        pass
+
+    int_.__name__ = "int"
+    with pytest.raises(wire.WireError, match="cannot be sent"):
+        wire.encode(int_)
+
+
 def test_objects_need_a_handle_and_handles_need_a_resolver():
     class Thing:
         pass
@@ -83,6 +97,8 @@ def test_objects_need_a_handle_and_handles_need_a_resolver():
         {"$r": [1, 2]},
         {"$b": "!!"},
         {"$fr": [1, 0]},
+        {"$ty": "object"},  # only the table's built-in types
+        {"$ty": 3},
     ],
 )
 def test_decode_refuses_malformed_values(data):

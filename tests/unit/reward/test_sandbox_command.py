@@ -46,6 +46,13 @@ def test_limits_must_be_positive(field):
         SandboxLimits(**{field: 0})
 
 
+@pytest.mark.parametrize("field", ["timeout_s", "cpu_s"])
+def test_limits_past_a_day_are_refused_before_a_timer_overflows(field):
+    with pytest.raises(ValueError, match=f"{field} must be at most 86400"):
+        SandboxLimits(**{field: 1e10})
+    assert SandboxLimits(**{field: 86400}).timeout_s > 0
+
+
 def test_cpu_limit_defaults_just_behind_the_wall_clock():
     job = SandboxLimits(timeout_s=4).job(4.0, isolate=True)
     assert job["cpu_s"] == 5.0 and job["isolate"] is True
