@@ -13,9 +13,9 @@ Each step:
      trainer's shards into the engines' layout, in memory; stage, validate, activate.
 
 Separated placement (`layout.placement=separated`): the engines run on ranks of their own, which walk
-loop/engine_pool.py instead of this loop; publication and batches cross over the job group
-(loop/pools.py, loop/feed.py). Asynchronous (`layout.synchrony=async`), the engines draw the batch of
-step s+k while step s trains (loop/schedule.py), and the loss corrects for the lag with truncated
+loop/placement/engine_pool.py instead of this loop; publication and batches cross over the job group
+(loop/placement/pools.py, loop/placement/feed.py). Asynchronous (`layout.synchrony=async`), the engines draw the batch of
+step s+k while step s trains (parallel/schedule.py), and the loss corrects for the lag with truncated
 importance sampling against the engines' own log-probs.
 """
 
@@ -27,15 +27,19 @@ from functools import partial
 
 import torch
 
-from megatron_rl.check import validate_recipe
+from megatron_rl.algorithms import old_policy
+from megatron_rl.check.recipe import validate_recipe
 from megatron_rl.checkpoint.preempt import EXIT_REQUEUE, Preemption
 from megatron_rl.config.load import load_recipe
-from megatron_rl.doctor import require_device
-from megatron_rl.loop import components, engine_pool, old_policy
-from megatron_rl.loop.feed import Feed
-from megatron_rl.loop.probe import step_problems
-from megatron_rl.loop.publication import PublicationRefused
-from megatron_rl.loop.rl_batch import (
+from megatron_rl.loop.placement import engine_pool
+from megatron_rl.loop.placement.feed import Feed
+from megatron_rl.loop.placement.probe import step_problems
+from megatron_rl.loop.placement.publication import PublicationRefused
+from megatron_rl.loop.placement.timeshare import TimeShare
+from megatron_rl.loop.record.run import seed_everything, start_run
+from megatron_rl.loop.record.summary import step_metrics
+from megatron_rl.loop.step import components
+from megatron_rl.loop.step.rl_batch import (
     advantages_with_kl,
     assign,
     global_normaliser,
@@ -44,10 +48,8 @@ from megatron_rl.loop.rl_batch import (
     loss_mask_keep,
     minibatch_extras,
 )
-from megatron_rl.loop.run import seed_everything, start_run
-from megatron_rl.loop.summary import step_metrics
 from megatron_rl.rollout.logprob_check import compare
-from megatron_rl.rollout.timeshare import TimeShare
+from megatron_rl.system.device import require_device
 from megatron_rl.trainer.build import build_policy, frozen_copy
 from megatron_rl.trainer.replay import routes_of
 
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     seed_everything(cfg.seed)
     procs, run = start_run(cfg)  # the process groups; the run's records, console and sinks
 
-    if not procs.is_trainer:  # an engine rank of a separated job (loop/pools.py)
+    if not procs.is_trainer:  # an engine rank of a separated job (loop/placement/pools.py)
         return engine_pool.serve(cfg, procs, run)
 
     # ---- setup: trainer, reference, engines, reward pool, publisher, checkpoints ----
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # 2. old-policy and reference log-probs of this DP rank's samples, before any update. The old ones
         #    are recomputed, or (algorithm.old_logprobs) taken from the engines, or, with one minibatch,
-        #    from the update's own forward, which runs on the same weights (loop/old_policy.py)
+        #    from the update's own forward, which runs on the same weights (algorithms/old_policy.py)
         plan = assign(len(samples), procs.state.dp, algo.minibatches, cfg.seed, step)
         mine = sorted(i for minibatch in plan for i in minibatch[procs.state.dp_rank])
         seqs, plens = [samples[i].sequence for i in mine], [samples[i].prompt_len for i in mine]

@@ -83,12 +83,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = ap.parse_args(argv)
 
-    from megatron_rl.check import ConfigError, validate_recipe
+    from megatron_rl.check.recipe import ConfigError, validate_recipe
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.layout import ParallelLayout
     from megatron_rl.models.dtypes import hf_dtype_name
     from megatron_rl.models.spec import ModelSpec
     from megatron_rl.models.tiny import hf_config
+    from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.reshard.publish import Publisher
     from megatron_rl.rollout.agreement import dtypes_of, problems, thresholds_of
     from megatron_rl.rollout.sink import VLLMEngineSink

@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     from megatron_rl.checkpoint.export import write_hf
     from megatron_rl.checkpoint.store import is_complete, newest_complete
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.trainer.build import build_policy
     from megatron_rl.trainer.parallel import destroy_parallel, init_parallel, launched_world
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_rl.loop.old_policy import needs_forward
+from megatron_rl.algorithms.old_policy import needs_forward
 from megatron_rl.models.experts import GROUPED, expert_gemm
 from megatron_rl.models.spec import ModelSpec
 from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
@@ -49,7 +49,7 @@ class Workload:
     minibatches: int
     micro_batch_size: int
     reference_forward: bool  # KL to a frozen reference needs its log-probs every step
-    # A trainer forward for the old log-probs (algorithm.old_logprobs; loop/old_policy.py): none
+    # A trainer forward for the old log-probs (algorithm.old_logprobs; algorithms/old_policy.py): none
     # when the update's own forward or the engines' log-probs stand in for it.
     old_forward: bool
     seconds_per_sample: float  # scoring, in one core of the pool
@@ -187,7 +187,7 @@ class PlanInputs:
 
 def inputs_from_recipe(recipe) -> PlanInputs:
     """The planner's numbers from a `RecipeConfig` that has passed the one recipe check
-    (megatron_rl/check.py, which `megatron-rl plan` runs first): values are not re-checked here."""
+    (megatron_rl/check/recipe.py, which `megatron-rl plan` runs first): values are not re-checked here."""
     spec = ModelSpec.from_config(recipe.model)
     d, r, c, p, a = recipe.data, recipe.rollout, recipe.cluster, recipe.plan, recipe.algorithm
     work = Workload(

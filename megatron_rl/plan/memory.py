@@ -35,7 +35,7 @@ Colocated, the two time-share each GPU: while the engine generates, the trainer 
 params (grads and optimizer offloaded) and a resident reference; while the trainer trains, the
 sleeping engine keeps only its runtime. A third moment is the engine's construction: vLLM claims
 gpu_memory_utilization x the GPU then, while the trainer steps aside (optimizer state and gradient
-buffers offloaded, the reference on the host: rollout/timeshare.py `trainer_aside`) but keeps its
+buffers offloaded, the reference on the host: loop/placement/timeshare.py `trainer_aside`) but keeps its
 params. The peak is the largest of these moments.
 """
 
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 
-from megatron_rl.layout import RECOMPUTE_MODES, ParallelLayout
+from megatron_rl.parallel.layout import RECOMPUTE_MODES, ParallelLayout
 from megatron_rl.plan.inputs import GIB, PlanInputs
 
 # Assumed fixed overheads (GiB per GPU); on the CPU build one process stands in for a GPU.

@@ -4,7 +4,7 @@ The manifest and checksums of a publication prove that the engines received the 
 sent; they cannot see a conversion bug (a wrong row order in a fused QKV or gate/up tensor, a layer left
 at the previous version, a few scrambled values): those are self-consistent bytes of another model.
 Only the engine-vs-trainer log-prob agreement on the same tokens sees them (rollout/logprob_check.py
-measures it; loop/probe.py runs it on every publication before the engines serve it).
+measures it; loop/placement/probe.py runs it on every publication before the engines serve it).
 
 How far apart two correct implementations may be depends on the arithmetic both run in, so the
 thresholds are per pair of (trainer parameter dtype, engine dtype), each the clean floor measured here

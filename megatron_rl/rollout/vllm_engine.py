@@ -21,7 +21,7 @@ Sleep: the GPU build frees memory (level 1 offloads weights to host, level 2 dis
 cache is dropped at both; the level follows the publication's delivery, rollout/delivery.py);
 wake_up brings back "weights" then "kv_cache", so a publication can land between the two without
 the KV cache occupying memory. After a level-2 sleep the engine serves nothing until a publication
-lands (`holds_weights` is False; loop/publication.py), and that publication must write every
+lands (`holds_weights` is False; loop/placement/publication.py), and that publication must write every
 parameter (`uncovered_params`). The CPU build has no sleep mode: `sleep()`
 logs that and returns False; nothing is freed there and nothing pretends to be.
 
@@ -446,7 +446,7 @@ class VLLMEngine:
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, inplace: bool = False
     ) -> None:
         """Serve an earlier version again: its tensors, as `update_weights` (or, `inplace`, as
-        `update_weights_inplace`) takes them. The publication after it was refused (loop/probe.py)."""
+        `update_weights_inplace`) takes them. The publication after it was refused (loop/placement/probe.py)."""
         if self._streaming:
             raise RuntimeError("restore_weights() while a generation stream is open")
         if inplace:

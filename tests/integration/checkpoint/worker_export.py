@@ -16,7 +16,7 @@ def main() -> None:
 
     from megatron_rl.checkpoint.export import write_hf
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.trainer.build import build_policy
     from megatron_rl.trainer.parallel import init_parallel
 

@@ -4,7 +4,7 @@ refusals in a row) ends the run with a message that names the tensors.
 
 The divergence is a real one from a finite recipe (the recipe check refuses optim.lr=inf): at
 optim.lr=1e30 the first update leaves huge but finite weights, whose bytes publish whole but whose
-log-probs overflow: the log-prob probe (loop/probe.py) can compare no token of them and refuses the
+log-probs overflow: the log-prob probe (loop/placement/probe.py) can compare no token of them and refuses the
 version before it serves (fail closed); the next forward overflows, its gradients are NaN, and from
 then on the weights are NaN, which the manifest's check refuses."""
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from megatron_rl.loop import feed as feed_mod
+from megatron_rl.loop.placement import feed as feed_mod
 
 
 def _cfg(partial=True, n=4, prompts=4, oversample=1.5, max_new=16):

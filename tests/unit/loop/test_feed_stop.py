@@ -4,7 +4,7 @@ matched (both pools would hang until the process-group timeout)."""
 
 from types import SimpleNamespace as NS
 
-from megatron_rl.loop import feed as feed_mod
+from megatron_rl.loop.placement import feed as feed_mod
 
 
 def _feed(monkeypatch, steps, sent):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.inputs import PlanInputs, inputs_from_recipe
 
 from .hand import REFERENCE

@@ -75,7 +75,7 @@ def test_train_and_logprob_flops_by_hand():
 )
 def test_the_planner_counts_the_old_forward_the_driver_runs(overrides, old_forward):
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.plan.cycle import trainer_phases
     from megatron_rl.plan.inputs import inputs_from_recipe
 

@@ -106,7 +106,7 @@ def test_uneven_pipeline_split_loads_the_bigger_stage(ref):
 
 
 def test_bad_pipeline_split_is_refused(capsys):
-    from megatron_rl.plan.cli import main
+    from megatron_rl.cli.plan import main
 
     assert main(["grpo_qwen2.5-32b_32n8g", "layout.pp_layers=[30,30]", "--no-search"]) == 2
     assert (

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.alltoall import alltoall, step_alltoall
 from megatron_rl.plan.flops import train_flops
 from megatron_rl.plan.inputs import GIB, PlanInputs
@@ -104,8 +104,8 @@ def test_shipped_recipe_at_ep8_inside_and_across_nodes():
 
 
 def test_shipped_recipe_validates_and_plans(capsys):
-    from megatron_rl.config.cli import validate
-    from megatron_rl.plan.cli import main as plan
+    from megatron_rl.cli.plan import main as plan
+    from megatron_rl.cli.recipes import validate
 
     assert validate([RECIPE, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"] is True
@@ -122,7 +122,7 @@ def test_shipped_recipe_validates_and_plans(capsys):
 
 
 def test_ep_that_does_not_divide_the_experts_is_refused():
-    from megatron_rl.check import ConfigError, validate_recipe
+    from megatron_rl.check.recipe import ConfigError, validate_recipe
     from megatron_rl.config.load import load_recipe
 
     with pytest.raises(ConfigError) as e:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.cli.plan import _clean
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.calibrate import calibrate, summarize
-from megatron_rl.plan.cli import _clean
 from megatron_rl.plan.cycle import cycle
 from megatron_rl.plan.inputs import inputs_from_recipe
 from megatron_rl.plan.render import render

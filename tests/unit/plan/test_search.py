@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.memory import memory_fit
 from megatron_rl.plan.search import CANDIDATE, search, structural_reason
 
