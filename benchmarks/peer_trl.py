@@ -330,11 +330,12 @@ def planner_layout(args, fixture: Path, tokens: int, work: Path) -> tuple[list[s
     (conf/cluster/cpu_2core.yaml) among those the driver runs today, as overrides."""
     from megatron_rl.check.recipe import check_recipe, refused
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.plan.inputs import inputs_from_recipe
+    from megatron_rl.plan.inputs import inputs_from_run
     from megatron_rl.plan.search import search
+    from megatron_rl.run import resolve
 
     base = ours_overrides(args, fixture, tokens, "default", work)
-    ranked = search(inputs_from_recipe(load_recipe(RECIPE, base)))["ranked"]
+    ranked = search(inputs_from_run(resolve(load_recipe(RECIPE, base))))["ranked"]
     for cyc in ranked:
         layout = cyc.layout.as_overrides()
         if not refused(check_recipe(load_recipe(RECIPE, base + layout), read_data=False), "run"):

@@ -24,7 +24,6 @@ from pathlib import Path
 from megatron_rl.check.recipe import ConfigError, validate_recipe
 from megatron_rl.cli.launch_torchrun import LOG_ENV
 from megatron_rl.config.load import RecipeError, RecipeNotFound, load_recipe
-from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.system.device import refusal_for
 
 
@@ -52,11 +51,11 @@ def main(argv: list[str] | None = None) -> int:
             from megatron_rl.models.fixture import build_fixture
 
             build_fixture(recipe.model.fixture, Path(recipe.model.hf_checkpoint))
-        validate_recipe(recipe)  # the driver's own check, before any process starts
+        run = validate_recipe(recipe)  # the driver's own check, before any process starts
     except (ConfigError, RecipeError, RecipeNotFound, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    nproc = ParallelLayout.from_config(recipe.layout).gpus
+    nproc = run.layout.gpus
     if recipe.cluster.nodes != 1:
         print(
             f"error: {recipe.name} needs {recipe.cluster.nodes} nodes; launch it with `megatron-rl submit`",

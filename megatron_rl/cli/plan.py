@@ -13,7 +13,7 @@ from pathlib import Path
 
 from megatron_rl.plan.calibrate import calibrate, read_steps, summarize
 from megatron_rl.plan.cycle import cycle
-from megatron_rl.plan.inputs import PlanError, inputs_from_recipe
+from megatron_rl.plan.inputs import PlanError, inputs_from_run
 from megatron_rl.plan.render import render
 from megatron_rl.plan.report import build_report
 
@@ -56,9 +56,8 @@ def _clean(x):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
-    from megatron_rl.check.recipe import check_recipe, refused
+    from megatron_rl.check.recipe import checked, refused
     from megatron_rl.config.load import RecipeError, RecipeNotFound, load_recipe
-    from megatron_rl.parallel.layout import ParallelLayout
 
     if args.recipe is not None and "=" in args.recipe:  # an override, not a recipe name
         args.overrides, args.recipe = [args.recipe, *args.overrides], None
@@ -77,12 +76,12 @@ def main(argv: list[str] | None = None) -> int:
             recipe = load_recipe(args.recipe, args.overrides)
         # The driver's own check; the planner still sizes layouts the driver cannot run yet (top-p/top-k
         # truncated sampling, context parallelism) and memory that does not fit (the report shows where).
-        problems = refused(check_recipe(recipe, read_data=False), "plan")
-        if problems:
-            listed = "\n".join(f"  - {p}" for p in problems)
+        found, run = checked(recipe, read_data=False)
+        problems = refused(found, "plan")
+        if problems or run is None:
+            listed = "\n".join(f"  - {p}" for p in problems or found)
             raise PlanError(f"recipe {recipe.name!r} is invalid (megatron-rl validate):\n{listed}")
-        inp = inputs_from_recipe(recipe)
-        layout = ParallelLayout.from_config(recipe.layout)
+        inp, layout = inputs_from_run(run), run.layout
         cal = None
         if args.from_steps:
             cal = calibrate(inp, layout, cycle(inp, layout), summarize(read_steps(args.from_steps)))

@@ -9,7 +9,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from megatron_rl.check.recipe import check_recipe, notes, refused
+from megatron_rl.check.recipe import checked, notes, refused
 from megatron_rl.config.load import (
     RecipeError,
     RecipeNotFound,
@@ -85,19 +85,19 @@ def _conflict(recipe) -> Problem | None:
     return Problem("checkpoint.resume", c.resume, message, "files") if message else None
 
 
-def resolved_stop_ids(recipe) -> list[int] | None:
-    """The ids the engines will stop at (the recipe's and the checkpoint's end ids), or None when
-    `model.hf_checkpoint` is unset or unreadable here (the driver reads it where the run runs)."""
-    ckpt = recipe.model.hf_checkpoint
-    if not ckpt:
+def resolved_stop_ids(recipe, run=None) -> list[int] | None:
+    """The ids the engines will stop at (the recipe's and the checkpoint's end ids): the run's when the
+    recipe resolves, else read as it would; None when `model.hf_checkpoint` is unset or unreadable here
+    (the driver reads it where the run runs)."""
+    if not recipe.model.hf_checkpoint:
         return None
-    from megatron_rl.models.checkpoint import stop_token_ids
+    if run is not None:
+        return None if run.checkpoint_stop_ids is None else list(run.sampling.stop_token_ids)
     from megatron_rl.rollout.types import merged_stop_ids
+    from megatron_rl.run.resolve import checkpoint_stop_ids
 
-    try:
-        return list(merged_stop_ids(recipe.rollout.stop_token_ids, stop_token_ids(ckpt)))
-    except (OSError, ValueError, TypeError, KeyError):  # absent, unreadable or malformed JSON files
-        return None
+    ids = checkpoint_stop_ids(recipe.model.hf_checkpoint)
+    return None if ids is None else list(merged_stop_ids(recipe.rollout.stop_token_ids, ids))
 
 
 def _validate_json(args) -> int:
@@ -115,7 +115,7 @@ def _validate_json(args) -> int:
         }
         print(json.dumps(out, default=str))
         return 2
-    problems = check_recipe(recipe)
+    problems, run = checked(recipe)
     blocking = refused(problems, "validate")
     conflict = None if blocking else _conflict(recipe)  # the text form stops at the first refusal too
     if conflict:
@@ -125,8 +125,8 @@ def _validate_json(args) -> int:
         "recipe": recipe.name,
         "problems": [asdict(p) for p in blocking],
         "notes": notes(problems, "validate"),
-        "stop_token_ids": resolved_stop_ids(recipe),
-        "agreement": None if blocking else guard(recipe),  # thresholds in force, the probe, what acts
+        "stop_token_ids": resolved_stop_ids(recipe, run),
+        "agreement": None if blocking or run is None else guard(run),  # thresholds, the probe, what acts
     }
     print(json.dumps(out, default=str))
     return 0 if out["ok"] else 1
@@ -148,7 +148,7 @@ def validate(argv: list[str]) -> int:
         return 2
     # The driver's own check (megatron_rl/check/recipe.py); paths on the cluster's storage may be unreadable
     # from here, so those are noted, and the driver refuses them before building anything.
-    problems = check_recipe(recipe)
+    problems, run = checked(recipe)
     if refused(problems, "validate"):
         listed = "\n".join(f"  - {p}" for p in refused(problems, "validate"))
         print(f"error: recipe {recipe.name!r} is invalid:\n{listed}", file=sys.stderr)
@@ -159,15 +159,18 @@ def validate(argv: list[str]) -> int:
     if conflict:
         print(f"error: {conflict.message}", file=sys.stderr)
         return 1
-    agreement = guard(recipe)
-    for why in agreement["unguarded"]:
-        print(f"warning: the publication is unguarded: {why}", file=sys.stderr)
     lay = recipe.layout
     print(
         f"ok: {recipe.name}: trainer tp{lay.tp} x pp{lay.pp} x dp{lay.dp}, {lay.engine_count} engines of tp"
         f"{lay.engine_tp} ({lay.placement}) on {recipe.cluster.nodes} x {recipe.cluster.gpus_per_node} "
         f"{recipe.cluster.gpu}"
     )
+    if run is None:  # the model's shape is not readable here: the driver resolves it where it runs
+        print("agreement: not resolved here (the model's checkpoint is not readable on this machine)")
+        return 0
+    agreement = guard(run)
+    for why in agreement["unguarded"]:
+        print(f"warning: the publication is unguarded: {why}", file=sys.stderr)
     t = agreement["thresholds"]
     print(
         f"agreement: {t['trainer_dtype']} trainer, {t['engine_dtype']} engine: max gap {t['max_gap']:.3g}, mean "

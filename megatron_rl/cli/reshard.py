@@ -134,26 +134,22 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rank", type=int, default=None, help="also list one engine rank's tensors")
     args = ap.parse_args(argv)
 
-    from megatron_rl.check.recipe import check_recipe, refused
+    from megatron_rl.check.recipe import checked, refused
     from megatron_rl.config.load import RecipeError, RecipeNotFound, load_recipe
-    from megatron_rl.models.spec import ModelSpec
-    from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.reshard.plan import Links, build_plan
 
     try:
         recipe = load_recipe(args.recipe, args.overrides)
-        problems = refused(
-            check_recipe(recipe, read_data=False), "plan"
-        )  # the driver's check; separated layouts plan too
-        if problems:
-            listed = "\n".join(f"  - {p}" for p in problems)
+        found, run = checked(recipe, read_data=False)  # the driver's check; separated layouts plan too
+        problems = refused(found, "plan")
+        if problems or run is None:
+            listed = "\n".join(f"  - {p}" for p in problems or found)
             raise RecipeError(f"recipe {recipe.name!r} is invalid (megatron-rl validate):\n{listed}")
-        spec = ModelSpec.from_config(recipe.model)
-        delivery = args.delivery or ("loader" if recipe.cluster.gpu == "cpu" else "inplace")
+        spec = run.spec
         plan = build_plan(
-            ParallelLayout.from_config(recipe.layout),
+            run.layout,
             spec,
-            delivery,
+            args.delivery or run.delivery,
             Links.from_cluster(recipe.cluster),
             spec.dtype_bytes,
         )

@@ -12,6 +12,7 @@ Pure Python, no torch.distributed. The trainer rank order matches megatron-core'
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 
 from megatron_rl.config.problem import Problem
@@ -92,43 +93,22 @@ class ParallelLayout:
 
     @classmethod
     def from_config(cls, layout) -> ParallelLayout:
-        """From the recipe's `layout` group (config.schema.LayoutConfig); the one place it is read."""
-        return cls(
-            tp=layout.tp,
-            pp=layout.pp,
-            dp=layout.dp,
-            cp=layout.cp,
-            ep=layout.ep,
-            etp=layout.etp,
-            sequence_parallel=layout.sequence_parallel,
-            recompute=layout.recompute,
-            pp_layers=tuple(layout.pp_layers),
-            engine_tp=layout.engine_tp,
-            engine_count=layout.engine_count,
-            engine_ep=layout.engine_ep,
-            placement=layout.placement,
-            synchrony=layout.synchrony,
-        )
+        """From the recipe's `layout` group (config.schema.LayoutConfig, whose keys are this type's fields
+        but `order`); the one place it is read (run/resolve.py calls it)."""
+        values = {f: getattr(layout, f) for f in RECIPE_FIELDS}
+        return cls(**{**values, "pp_layers": tuple(values["pp_layers"])})
 
     def as_overrides(self) -> list[str]:
         """The Hydra overrides that set this layout in a recipe (the inverse of `from_config`), e.g.
         to run the layout the planner's search ranks first."""
-        keys = (
-            "tp",
-            "pp",
-            "dp",
-            "cp",
-            "ep",
-            "etp",
-            "sequence_parallel",
-            "recompute",
-            "engine_tp",
-            "engine_count",
-            "engine_ep",
-        )
-        out = [f"layout.{k}={str(getattr(self, k)).lower()}" for k in keys]
-        out.append(f"layout.pp_layers=[{','.join(str(n) for n in self.pp_layers)}]")
-        return out + [f"layout.placement={self.placement}", f"layout.synchrony={self.synchrony}"]
+        out = []
+        for key in RECIPE_FIELDS:
+            value = getattr(self, key)
+            if key == "pp_layers":
+                out.append(f"layout.pp_layers=[{','.join(str(n) for n in value)}]")
+            else:
+                out.append(f"layout.{key}={str(value).lower() if isinstance(value, bool) else value}")
+        return out
 
     def with_(self, **kw) -> ParallelLayout:
         return replace(self, **kw)
@@ -279,3 +259,7 @@ class ParallelLayout:
             f"separated {self.engine_gpus}+{self.trainer_gpus} GPUs ({mode}): {tr}, {en}, "
             f"recompute {self.recompute}"
         )
+
+
+# The recipe's `layout` keys: every field of the type but the rank order (not a recipe setting).
+RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(ParallelLayout) if f.name != "order")

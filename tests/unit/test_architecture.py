@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("data",),  # where problems and prompts come from
     ("models",),  # architectures, names, dtypes, checkpoints
     ("rollout", "trainer", "reshard", "checkpoint"),  # engines; the megatron-core trainer; publication
+    ("run",),  # a recipe resolved once into what a run is
     ("plan",),  # the capacity planner
     ("check",),  # the one recipe check
     ("loop",),  # the pieces of a step that need several components

@@ -32,34 +32,35 @@ from megatron_rl.parallel import schedule
 log = logging.getLogger(__name__)
 
 
-def serve(cfg, procs, run) -> int:
-    ro = cfg.rollout
-    with run.phase("init"):
-        engine = components.build_engine(cfg, procs, run.dir)
+def serve(run, procs, records) -> int:
+    """An engine rank's whole run (`run`: the resolved run, run/resolve.py; `records`: the run's records,
+    loop/record/records.py)."""
+    cfg = run.recipe
+    with records.phase("init"):
+        engine = components.build_engine(run, procs, records.dir)
         engine_index, is_leader = components.engine_role(procs)
-        task = components.build_task(cfg)
-        pool = components.build_reward_pool(cfg, is_leader)
-        publisher = components.build_publisher(
-            cfg, procs.layout, engine, group=procs.job_group, cpu_group=procs.job_cpu_group
-        )
-        refusals = components.build_refusals(cfg, publisher)
-        prober = components.build_prober(cfg, procs, run.timer, engine=engine)
+        task = components.build_task(run)
+        pool = components.build_reward_pool(run, is_leader)
+        publisher = components.build_publisher(run, procs, engine)
+        refusals = components.build_refusals(run, publisher)
+        prober = components.build_prober(run, procs, records.timer, engine=engine)
     box = [None, None, None]
-    dist.broadcast_object_list(box, src=0, group=procs.job_cpu_group)  # from the trainer's Feed
+    dist.broadcast_object_list(box, src=0, group=procs.job_cpu_group)  # from the trainer's feed
     start, task_state, carry = box  # carry: rollout.partial's carried groups, else None
     task.load_state(task_state)
     publisher.next_version = start + 1
     _ignore_preemption_signals()  # the trainer saves and tells us to stop; we must not die first
-    k = schedule.staleness(cfg.layout, ro)
+    k = run.staleness
     try:
         for step in range(start, cfg.steps):
             if control(procs, None) == STOP:
                 break
             if schedule.publish_due(step, start, k, cfg.steps):
-                with run.phase("publish"):
+                with records.phase("publish"):
                     refusals.publish(list, step, prober)  # an engine rank sends nothing
             due = schedule.batches_before_train(step, start, k, cfg.steps)
             for t in due + schedule.batches_after_train(step, k, cfg.steps):
+                group = procs.job_cpu_group
                 collect_batch(
                     cfg,
                     engine,
@@ -67,14 +68,14 @@ def serve(cfg, procs, run) -> int:
                     is_leader,
                     task,
                     pool,
-                    run.timer,
+                    records.timer,
                     t,
-                    group=procs.job_cpu_group,
+                    group=group,
                     carry=carry,
                 )
             # The trainer records the engines' timing from the batches it receives; none is kept here.
-            run.timer.take()
-            run.timer.take_spans()
+            records.timer.take()
+            records.timer.take_spans()
     finally:
         if pool is not None:
             pool.close()

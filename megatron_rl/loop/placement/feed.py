@@ -1,10 +1,12 @@
 """The trainer's side of rollout: publish its weights, get its batches, whatever the placement.
 
-Colocated: the device passes to the engine (time-sharing), the policy lands, this rank's engine
-generates, and the device comes back (loop/placement/timeshare.py). Separated: the engines live on ranks of
-their own (loop/placement/pools.py, loop/placement/engine_pool.py); the trainer publishes over the job group and receives
-the batches the engines send, in the order parallel/schedule.py gives both pools -- synchronously, or k
-steps ahead when asynchronous, so the engines generate step s+k's batch while step s trains.
+Two kinds, one interface (`Feed`): colocated (colocated.py: the device passes to the engine by
+time-sharing, the policy lands, this rank's engine generates, and the device comes back) and separated
+(separated.py: the engines live on ranks of their own, loop/placement/pools.py and engine_pool.py; the
+trainer publishes over the job group and receives the batches the engines send, in the order
+parallel/schedule.py gives both pools -- synchronously, or k steps ahead when asynchronous, so the
+engines generate step s+k's batch while step s trains). loop/step/components.py `build_feed` builds the
+one the layout says.
 
 Checkpoints must not lose or repeat prompts: with the engines ahead, the task has already drawn the
 prompts of batches not trained yet. `task_state(step)` is the task's state from before the batch of
@@ -18,14 +20,11 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 from functools import partial
 
 import torch.distributed as dist
 
 from megatron_rl.loop.step.carry import carry_from_record, carry_record
-from megatron_rl.loop.step.collect import collect_batch
-from megatron_rl.parallel import schedule
 from megatron_rl.reshard.faults import ENV as FAULT_ENV
 from megatron_rl.reshard.faults import FaultInjector
 
@@ -33,92 +32,75 @@ GO, STOP = "go", "stop"
 
 
 class Feed:
-    def __init__(
-        self, cfg, procs, run, policy, task, refusals, start: int, colocated=None, carried=None, prober=None
-    ):
-        """`colocated`: (timeshare, engine, engine_index, is_leader, reward_pool) of a colocated rank;
-        None on a separated job's trainer rank. `carried`: the carry a resumed checkpoint saved (records).
-        `prober`: the log-prob probe of every activated version, before it serves (loop/placement/probe.py)."""
-        self.cfg, self.procs, self.run, self.policy, self.task = cfg, procs, run, policy, task
-        self.refusals, self.start, self.colocated, self.prober = refusals, start, colocated, prober
-        self.faults = (
-            FaultInjector.from_env(policy.spec, procs.state.tp) if os.environ.get(FAULT_ENV) else None
+    """What both placements share: the versions published and their lag, the task's positions a
+    checkpoint may need, partial rollouts' carry, and the publication (with its probe and, in tests,
+    injected faults). The placement's own meetings are its subclass's."""
+
+    def __init__(self, run, procs, log, policy, task, refusals, start: int, carried=None, prober=None):
+        """`run`: the resolved run (run/resolve.py); `log`: the run's records (loop/record/records.py);
+        `carried`: the carry a resumed checkpoint saved (records); `prober`: the log-prob probe of every
+        activated version, before it serves (loop/placement/probe.py)."""
+        self.run, self.cfg, self.procs, self.log, self.policy, self.task = (
+            run,
+            run.recipe,
+            procs,
+            log,
+            policy,
+            task,
         )
+        self.refusals, self.start, self.prober = refusals, start, prober
+        self.faults = FaultInjector.from_env(run.spec, run.layout.tp) if os.environ.get(FAULT_ENV) else None
         if self.faults is not None:
-            run.say(f"{FAULT_ENV} is set: publications {self.faults.plan} are made faulty on purpose")
-        self.k = schedule.staleness(cfg.layout, cfg.rollout)
-        self.batches: dict[int, tuple] = {}  # step -> (samples, stats, rounds), drawn, not yet trained
+            log.say(f"{FAULT_ENV} is set: publications {self.faults.plan} are made faulty on purpose")
+        self.k = run.staleness
         self.task_states: dict[int, tuple] = {}  # step -> (task state, carry) before its batch was drawn
-        self.waited = 0.0
         self.published_at: dict[int, int] = {}  # activated version -> the step whose policy it holds
         # Versions published before a resume: P(v) was published at step v - 1 (exact unless a publication
         # was refused before the checkpoint), so carried tokens of those versions show their lag.
         self.published_at.update({v: v - 1 for v in range(1, start + 1)})
         # rollout.partial: the groups cut by the last batch, the same on every rank of the job
-        saved = resumed_carry(cfg, carried)  # refuses a carry this run cannot continue
-        self.carry = carry_from_record(saved, task) if cfg.rollout.partial else None
-        if colocated is None:  # the engines learn where to start, from which prompts and carried groups
-            box = [start, task.state(), self.carry]
-            dist.broadcast_object_list(box, src=0, group=procs.job_cpu_group)
+        saved = resumed_carry(self.cfg, carried)  # refuses a carry this run cannot continue
+        self.carry = carry_from_record(saved, task) if self.cfg.rollout.partial else None
 
-    # ---- the two meetings ----
+    # ---- the meetings: the placement's ----
     def publish(self, step: int):
         """The policy of `step` goes to the engines. Returns the publication's result; None where none is
         due (asynchronous, the last k steps: no batch would be drawn with it)."""
-        named = self.policy.named_parameters_global
-        if self.faults is not None:  # tests and benchmarks/agreement.py only (reshard/faults.py)
-            named = self.faults.wrap(named, lambda: self.refusals.publisher.next_version)
-        publish = partial(self.refusals.publish, named, step, self._probe())
-        if self.colocated is not None:
-            result = self.colocated[0].to_rollout(publish)
-        else:
-            control(self.procs, GO)
-            result = publish() if schedule.publish_due(step, self.start, self.k, self.cfg.steps) else None
+        result = self._publish(step, self._publication(step))
         if result is not None and result.activated:
             self.published_at[result.version] = step
         return result
 
-    def _probe(self):
-        """The probe as the publication calls it: colocated, the engine first wakes its KV cache."""
-        if self.prober is None or self.colocated is None:
-            return self.prober
-
-        def probe(version: int):
-            self.colocated[0].ready_to_serve()
-            return self.prober(version)
-
-        return probe
+    def _publish(self, step: int, publish):
+        raise NotImplementedError
 
     def batch(self, step: int) -> tuple:
         """Step `step`'s scored samples, their CollectStats and the sampling rounds drawn."""
-        for old in [s for s in self.task_states if s < step]:  # positions a save can no longer need
-            del self.task_states[old]
-        if self.colocated is not None:
-            timeshare, engine, engine_index, is_leader, pool = self.colocated
-            self._keep_position(step)
-            out = collect_batch(
-                self.cfg,
-                engine,
-                engine_index,
-                is_leader,
-                self.task,
-                pool,
-                self.run.timer,
-                step,
-                group=self.procs.job_cpu_group,  # host objects: gloo (NCCL would stage them on the GPU)
-                carry=self.carry,
-            )
-            timeshare.to_train()  # the engine sleeps; the trainer takes the device back
-            return out
-        for t in schedule.batches_before_train(step, self.start, self.k, self.cfg.steps):
-            self._receive(t)  # synchronous: this step's; asynchronous, first step: the first k
-        return self.batches.pop(step)
+        raise NotImplementedError
 
     def after_train(self, step: int) -> None:
         """Asynchronous: receive the batch the engines drew while this step trained."""
-        if self.colocated is None:
-            for t in schedule.batches_after_train(step, self.k, self.cfg.steps):
-                self._receive(t)
+
+    def stop(self, step: int) -> None:
+        """Tell the engines the run ends after `step` (preemption, a disagreement that stops the run)."""
+
+    def take_wait(self) -> float:
+        """Seconds this step's trainer waited on the engines' batches (separated placement)."""
+        return 0.0
+
+    def close(self) -> None:
+        """Release what the placement holds beside the engine (the colocated reward pool)."""
+
+    # ---- shared ----
+    def _publication(self, step: int):
+        named = self.policy.named_parameters_global
+        if self.faults is not None:  # tests and benchmarks/agreement.py only (reshard/faults.py)
+            named = self.faults.wrap(named, lambda: self.refusals.publisher.next_version)
+        return partial(self.refusals.publish, named, step, self._probe())
+
+    def _probe(self):
+        """The probe as the publication calls it (colocated, the engine first wakes its KV cache)."""
+        return self.prober
 
     def lag(self, samples, step: int) -> dict:
         """How many updates behind the trained policy the samples' versions are: 0 when synchronous
@@ -137,16 +119,9 @@ class Feed:
         """How many updates behind the policy trained at `step` the policy `version` is."""
         return step - self.published_at.get(version, step)
 
-    def stop(self, step: int) -> None:
-        """Tell the engines the run ends after `step` (preemption). After the last step they have left
-        their loop already and wait at the final barrier: nothing to tell them then."""
-        if self.colocated is None and step + 1 < self.cfg.steps:
-            control(self.procs, STOP)
-
     def task_state(self, step: int) -> dict:
         """The task's state before the batch of `step` was drawn (current if it was not drawn yet)."""
-        for old in [s for s in self.task_states if s < step]:
-            del self.task_states[old]
+        self._forget_before(step)
         return self.task_states[step][0] if step in self.task_states else self.task.state()
 
     def carry_state(self, step: int) -> dict | None:
@@ -161,33 +136,9 @@ class Feed:
         # Copies: never aliased to the live task or carry, which the batch is about to move.
         self.task_states[step] = (copy.deepcopy(self.task.state()), copy.deepcopy(self.carry))
 
-    def take_wait(self) -> float:
-        """Seconds this step's trainer waited on the engines' batches (separated placement)."""
-        out, self.waited = self.waited, 0.0
-        return round(out, 6)
-
-    def _receive(self, t: int) -> None:
-        self._keep_position(t)
-        t0 = time.perf_counter()
-        with self.run.phase("rollout_wait"):
-            batch = collect_batch(
-                self.cfg,
-                None,
-                -1,
-                False,
-                self.task,
-                None,
-                self.run.timer,
-                t,
-                group=self.procs.job_cpu_group,
-                carry=self.carry,
-            )
-        self.waited += time.perf_counter() - t0
-        stats = batch[1]
-        # The engines' time, as the step's generation and scoring phases: it ran on the engine ranks.
-        self.run.timer.add("generation", stats.generation_s, stats.mem_gib.get("generation", 0.0))
-        self.run.timer.add("scoring", stats.scoring_tail_s, stats.mem_gib.get("scoring", 0.0))
-        self.batches[t] = batch
+    def _forget_before(self, step: int) -> None:
+        for old in [s for s in self.task_states if s < step]:  # positions a save can no longer need
+            del self.task_states[old]
 
 
 def carry_settings(cfg) -> dict:

@@ -34,15 +34,16 @@ class Processes:
     dp_cpu_group: object = None  # the DP group's gloo twin (megatron-core's): host objects over the replicas
 
     @classmethod
-    def start(cls, recipe) -> Processes:
-        """Initialise torch.distributed and megatron-core's groups at the recipe's layout. Collective: every
-        rank calls it at the same point, so the groups are created in the same order everywhere."""
+    def start(cls, run) -> Processes:
+        """Initialise torch.distributed and megatron-core's groups at the run's layout (run/resolve.py).
+        Collective: every rank calls it at the same point, so the groups are created in the same order
+        everywhere."""
         from datetime import timedelta
 
         import torch
         import torch.distributed as dist
 
-        layout = ParallelLayout.from_config(recipe.layout)
+        layout, recipe = run.layout, run.recipe
         timeout_s = recipe.cluster.dist_timeout_s
         pools = None
         if not layout.colocated:

@@ -77,8 +77,10 @@ def completion_stats(samples: list[Sample]) -> dict:
 
 
 def step_metrics(
-    samples: list[Sample], stats: CollectStats, agreement: dict, train: list[dict], publication, run
+    samples: list[Sample], stats: CollectStats, agreement: dict, train: list[dict], publication, run, spec
 ) -> dict:
+    """The step's record (`run`: the run's records, loop/record/records.py; `spec`: the model's, for the
+    trainer's FLOPs)."""
     rewards = [s.reward for s in samples]
     gen_tokens = sum(len(s.token_ids) for s in samples)
     m = sum(rewards) / len(rewards)
@@ -86,8 +88,6 @@ def step_metrics(
     gen_s = phases_now.get("generation").seconds if "generation" in phases_now else stats.generation_s
     train_s = sum(phases_now[p].seconds for p in ("train_fwd_bwd", "optimizer") if p in phases_now)
     versions = sorted({v for s in samples for v in s.versions} or {s.version for s in samples})
-    from megatron_rl.models.spec import ModelSpec
-
     cfg = run.recipe
     # Trained: forward + backward (3 forwards' worth); old and reference log-probs: 1 each when run.
     forwards = 3 + sum(1 for p in ("old_logprobs", "ref_logprobs") if p in phases_now)
@@ -134,7 +134,7 @@ def step_metrics(
             "tokens_from_earlier_batches": sum(v < versions[-1] for s in samples for v in s.versions),
         },
         "flops": {
-            "trainer": trainer_flops(ModelSpec.from_config(cfg.model), samples, forwards),
+            "trainer": trainer_flops(spec, samples, forwards),
             "peak_per_device": cfg.cluster.peak_tflops_bf16 * 1e12,
         },
         "logprob_agreement": agreement,

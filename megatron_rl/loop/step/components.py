@@ -1,6 +1,9 @@
-"""Building the step's collaborators from a recipe: engine, task, reward pool, publisher.
+"""Building the step's collaborators from the resolved run: engine, task, reward pool, publisher, probe.
 
-Each builder knows one component; `train.py` calls them in order and never sees their options.
+Each builder knows one component; `train.py` calls them in order and never sees their options. Every
+one reads the run resolved once by the recipe check (run/resolve.py: its layout, the model's spec,
+the sampling settings with their end ids, the delivery and sleep level, the thresholds): none decides
+any of those again.
 """
 
 from __future__ import annotations
@@ -9,40 +12,37 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 import torch.distributed as dist
 
 from megatron_rl.models.dtypes import hf_dtype_name
-from megatron_rl.models.spec import ModelSpec
-from megatron_rl.rollout.agreement import dtypes_of, probe_shape, thresholds_of
-from megatron_rl.rollout.delivery import delivery_for
 
 if TYPE_CHECKING:
     from megatron_rl.loop.placement.processes import Processes
     from megatron_rl.loop.record.records import RunLog
-    from megatron_rl.parallel.layout import ParallelLayout
+    from megatron_rl.run import Run
 
 log = logging.getLogger(__name__)
 
 
-def build_engine(cfg, procs: Processes, run_dir: Path):
+def build_engine(run: Run, procs: Processes, run_dir: Path):
     """This rank's part of a vLLM engine (its place among the engines: `engine_role`), colocated with a
     trainer rank or on an engine rank of a separated job; its config goes next to the run directory.
 
     Collective over the default world: every rank when colocated, the engine pool when separated (vLLM
-    builds its groups from the default world, and there it must see the pool's ranks: loop/placement/pools.py)."""
+    builds its groups from the default world, and there it must see the pool's ranks:
+    loop/placement/pools.py)."""
     from megatron_rl.models.tiny import hf_config
+    from megatron_rl.rollout.agreement import dtypes_of
     from megatron_rl.rollout.vllm_engine import VLLMEngine
 
-    lay = cfg.layout
-    spec = ModelSpec.from_config(cfg.model)
+    cfg, lay, spec = run.recipe, run.layout, run.spec
     model_dir = run_dir.parent / f".{run_dir.name}-engine-config"
-    if procs.rank == procs.layout.engine_ranks(0)[0]:
+    if procs.rank == lay.engine_ranks(0)[0]:
         # The engine starts from a config alone (dummy weights); version 0 is published before it serves.
         model_dir.mkdir(parents=True, exist_ok=True)
         hf_config(spec, hf_dtype_name(spec.params_dtype)).save_pretrained(model_dir)
     dist.barrier()
-    engine = VLLMEngine(
+    return VLLMEngine(
         cfg.rollout,
         model_dir,
         tp=lay.engine_tp,
@@ -50,21 +50,11 @@ def build_engine(cfg, procs: Processes, run_dir: Path):
         engine_index=engine_role(procs)[0],
         dtype=hf_dtype_name(dtypes_of(cfg)[1]),  # rollout.dtype, else the trainer's
         max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
-        checkpoint_stop_ids=checkpoint_stop_ids(cfg.model),
+        sampling=run.sampling,  # with the checkpoint's end ids: the engine's folder holds config.json alone
+        sleep_level=run.sleep_level,
         record_routes=cfg.algorithm.routing_replay,
         expert_parallel=lay.engine_ep,
     )
-    return engine
-
-
-def checkpoint_stop_ids(model) -> list[int]:
-    """The end ids of `model.hf_checkpoint` (none without one): the engine's directory holds config.json
-    alone, so these are read here, once, and handed to it (model: config.schema.ModelConfig)."""
-    if not model.hf_checkpoint:
-        return []
-    from megatron_rl.models.checkpoint import stop_token_ids
-
-    return stop_token_ids(model.hf_checkpoint)
 
 
 def engine_role(procs: Processes) -> tuple[int, bool]:
@@ -75,8 +65,9 @@ def engine_role(procs: Processes) -> tuple[int, bool]:
     return coord.engine, coord.is_leader
 
 
-def build_task(cfg):
+def build_task(run: Run):
     """Prompts and their reward problems."""
+    cfg = run.recipe
     if cfg.data.source == "synthetic":
         from megatron_rl.data.synthetic import ArithmeticTask
 
@@ -87,75 +78,73 @@ def build_task(cfg):
     return ProblemTask.from_config(cfg)
 
 
-def build_reward_pool(cfg, is_leader: bool):
+def build_reward_pool(run: Run, is_leader: bool):
     """A share of the reward pool on each engine leader (the only ranks that submit samples)."""
+    from dataclasses import replace
+
     from megatron_rl.reward.pool import RewardPool
 
     if not is_leader:
         return None
-    share = max(1, cfg.reward.workers // cfg.layout.engine_count)
-    from dataclasses import replace
-
-    return RewardPool(replace(cfg.reward, workers=share))
+    reward = run.recipe.reward
+    return RewardPool(replace(reward, workers=max(1, reward.workers // run.layout.engine_count)))
 
 
-def build_publisher(cfg, layout: ParallelLayout, engine, group=None, cpu_group=None):
+def build_publisher(run: Run, procs: Processes, engine):
     """Reshard trainer shards into the engine's layout; the vLLM sink validates before activating.
-    `engine` None: a separated job's trainer rank (it sends, holds no sink); `group`: the job group
-    there (loop/placement/pools.py), the default group when colocated; `cpu_group`: its gloo twin (host objects).
-    When a disagreeing probe refuses a version, the sink keeps the one it replaces until the probe's
-    verdict (rollout/sink.py `keep_previous`)."""
+    `engine` None: a separated job's trainer rank (it sends, holds no sink). Over the job group (the
+    default group when colocated; loop/placement/pools.py when separated) and its gloo twin for host
+    objects. When a disagreeing probe refuses a version, the sink keeps the one it replaces until the
+    probe's verdict (rollout/sink.py `keep_previous`)."""
     from megatron_rl.reshard.plan import Links
     from megatron_rl.reshard.publish import Publisher
     from megatron_rl.rollout.sink import VLLMEngineSink
 
-    spec = ModelSpec.from_config(cfg.model)
-    links = Links.from_cluster(cfg.cluster)
-    delivery = delivery_for(engine.on_gpu if engine is not None else torch.cuda.is_available())
-    keep = probing(cfg) and cfg.rollout.on_logprob_disagreement == "refuse"
+    keep = probing(run) and run.recipe.rollout.on_logprob_disagreement == "refuse"
+    sink = VLLMEngineSink(engine, delivery=run.delivery, keep_previous=keep) if engine is not None else None
     return Publisher(
-        layout,
-        spec,
-        sink=VLLMEngineSink(engine, delivery=delivery, keep_previous=keep) if engine is not None else None,
-        delivery=delivery,
-        links=links,
-        group=group,
-        cpu_group=cpu_group,
+        run.layout,
+        run.spec,
+        sink=sink,
+        delivery=run.delivery,
+        links=Links.from_cluster(run.recipe.cluster),
+        group=procs.job_group,
+        cpu_group=procs.job_cpu_group,
     )
 
 
-def build_refusals(cfg, publisher):
-    """What a refused or disagreeing publication does (loop/placement/publication.py), with the agreement thresholds
-    the recipe's dtypes set (rollout/agreement.py)."""
+def build_refusals(run: Run, publisher):
+    """What a refused or disagreeing publication does (loop/placement/publication.py), with the agreement
+    thresholds the recipe's dtypes set (rollout/agreement.py)."""
     from megatron_rl.loop.placement.publication import RefusalPolicy
 
-    ro = cfg.rollout
+    ro = run.recipe.rollout
     return RefusalPolicy(
         publisher,
         ro.on_refused_publication,
         ro.max_refused_publications,
         ro.on_logprob_disagreement,
-        thresholds_of(cfg),
+        run.thresholds,
     )
 
 
-def probing(cfg) -> bool:
-    return cfg.rollout.logprob_probe_prompts > 0
+def probing(run: Run) -> bool:
+    return run.probe[0] > 0
 
 
-def build_prober(cfg, procs: Processes, timer, policy=None, engine=None):
-    """The log-prob probe of every publication (loop/placement/probe.py), or None with rollout.logprob_probe_prompts=0.
-    `policy`: on trainer ranks; `engine`: on ranks that hold part of an engine."""
-    if not probing(cfg):
+def build_prober(run: Run, procs: Processes, timer, policy=None, engine=None):
+    """The log-prob probe of every publication (loop/placement/probe.py), or None with
+    rollout.logprob_probe_prompts=0. `policy`: on trainer ranks; `engine`: on ranks that hold part of an
+    engine."""
+    if not probing(run):
         return None
     from megatron_rl.loop.placement.probe import Prober, probe_sequences
 
-    spec = ModelSpec.from_config(cfg.model)
     index, leader = engine_role(procs) if engine is not None else (-1, False)
-    count, length = probe_shape(cfg)  # reads rollout.logprob_probe_tokens
+    count, length = run.probe
     return Prober(
-        probe_sequences(spec.vocab_size, count, length, cfg.seed),
-        thresholds_of(cfg),
+        probe_sequences(run.spec.vocab_size, count, length, run.recipe.seed),
+        run.thresholds,
         procs.job_cpu_group,
         engine=engine,
         engine_index=index,
@@ -163,6 +152,39 @@ def build_prober(cfg, procs: Processes, timer, policy=None, engine=None):
         policy=policy,
         timer=timer,
     )
+
+
+def build_colocated(run: Run, procs: Processes, log_: RunLog, policy, reference):
+    """This rank's engine side when colocated (loop/placement/colocated.py): the engine, built with the
+    trainer aside and asleep before the trainer comes back, its place among the engines, and its share
+    of the reward pool. None when separated (the trainer ranks hold no engine)."""
+    if not run.layout.colocated:
+        return None
+    from functools import partial
+
+    from megatron_rl.loop.placement.colocated import EngineSide
+    from megatron_rl.loop.placement.timeshare import TimeShare
+
+    # The engine claims its share of the device at construction: the trainer steps aside until it sleeps.
+    timeshare = TimeShare.start(
+        partial(build_engine, run, procs, log_.dir), policy.optimizer, policy.ddp, reference, log_.note_memory
+    )
+    index, leader = engine_role(procs)
+    return EngineSide(timeshare, timeshare.engine, index, leader, build_reward_pool(run, leader))
+
+
+def build_feed(
+    run: Run, procs: Processes, log_: RunLog, policy, task, refusals, start, carried, prober, side
+):
+    """The trainer's side of rollout the layout calls for (loop/placement/feed.py): colocated with `side`
+    (`build_colocated`), or separated."""
+    if side is not None:
+        from megatron_rl.loop.placement.colocated import ColocatedFeed
+
+        return ColocatedFeed(run, procs, log_, policy, task, refusals, start, carried, prober, side)
+    from megatron_rl.loop.placement.separated import SeparatedFeed
+
+    return SeparatedFeed(run, procs, log_, policy, task, refusals, start, carried, prober)
 
 
 def trainer_temperature(ro) -> float:
@@ -173,60 +195,58 @@ def trainer_temperature(ro) -> float:
     return tt(ro.logprobs_mode, ro.temperature)
 
 
-def build_checkpointer(cfg, procs: Processes, name: str):
+def build_checkpointer(run: Run, procs: Processes, name: str):
     """Saves of run `name` under `checkpoint.dir`; the processes agree on each save over their gloo group."""
     from megatron_rl.checkpoint.save import Checkpointer
 
-    c = cfg.checkpoint
+    c = run.recipe.checkpoint
     return Checkpointer(Path(c.dir) / name, procs, c.keep_last, c.keep_every, c.async_save)
 
 
-def resume(cfg, procs: Processes, run: RunLog, policy, reference, task) -> tuple[int, dict | None]:
+def resume(run: Run, procs: Processes, log_: RunLog, policy, reference, task) -> tuple[int, dict | None]:
     """The step to start from: 0, or that of the checkpoint `checkpoint.resume` selects (auto: the newest
-    that verifies), and the groups it carried (rollout.partial: loop/step/carry.py records). Every rank takes
-    part: verifying re-hashes a share of the files on each."""
+    that verifies), and the groups it carried (rollout.partial: loop/step/carry.py records). Every rank
+    takes part: verifying re-hashes a share of the files on each."""
     from megatron_rl.checkpoint.resume import find, load
 
-    path = find(cfg.checkpoint.resume, Path(cfg.checkpoint.dir) / run.name, procs.cpu_group)
+    c = run.recipe.checkpoint
+    path = find(c.resume, Path(c.dir) / log_.name, procs.cpu_group)
     box = [str(path) if path else None]
     dist.broadcast_object_list(box, src=0, group=procs.cpu_group)  # every rank loads the same checkpoint
     if box[0] is None:
         return 0, None
     state = load(Path(box[0]), procs.rank, policy, reference, task)
-    run.say(f"resumed from {box[0]} at step {state['step']}")
+    log_.say(f"resumed from {box[0]} at step {state['step']}")
     return int(state["step"]), state.get("carry")
 
 
-def run_state(
-    cfg, layout: ParallelLayout, task_state: dict, step: int, carry: list[dict] | None = None
-) -> dict:
+def run_state(run: Run, task_state: dict, step: int, carry: list[dict] | None = None) -> dict:
     """What a checkpoint after `step` steps keeps besides the weights. `task_state`: the task's position
-    before the batch of `step` was drawn (loop/placement/feed.py: engines that run ahead have drawn further);
-    `carry`: the groups carried into that batch and their settings (rollout.partial: loop/placement/feed.py)."""
+    before the batch of `step` was drawn (loop/placement/feed.py: engines that run ahead have drawn
+    further); `carry`: the groups carried into that batch and their settings (rollout.partial)."""
     return {
         "step": step,
         "version": step,  # samples of step s (0-based) are drawn with version s
         "task": task_state,
         "carry": carry,
         "world_size": dist.get_world_size(),
-        "layout": layout.sizes(),
-        "seed": cfg.seed,
-        "kl_coef": cfg.algorithm.kl_coef,
+        "layout": run.layout.sizes(),
+        "seed": run.recipe.seed,
+        "kl_coef": run.recipe.algorithm.kl_coef,
         "reward_pending": 0,  # saves happen at step boundaries, with the reward pool idle
     }
 
 
-def checkpoint_interval(cfg) -> int:
+def checkpoint_interval(run: Run) -> int:
     """Steps between saves: the recipe's, or with checkpoint.interval=-1 the planner's Young/Daly figure
     (from the predicted step time, the checkpoint's write cost and the cluster's node failure rate)."""
-    if cfg.checkpoint.interval != -1:
-        return cfg.checkpoint.interval
-    from megatron_rl.parallel.layout import ParallelLayout
+    if run.recipe.checkpoint.interval != -1:
+        return run.recipe.checkpoint.interval
     from megatron_rl.plan.cycle import cycle
-    from megatron_rl.plan.inputs import inputs_from_recipe
+    from megatron_rl.plan.inputs import inputs_from_run
     from megatron_rl.plan.reliability import reliability
 
-    inp, lay = inputs_from_recipe(cfg), ParallelLayout.from_config(cfg.layout)
+    inp, lay = inputs_from_run(run), run.layout
     steps = reliability(inp, lay, cycle(inp, lay).step_s)["interval_steps_optimal"]
     log.info("checkpoint interval from the planner's Young/Daly figure: every %d step(s)", steps)
     return int(steps)

@@ -136,3 +136,34 @@ def grpo_loss_fn(algo, max_new_tokens: int, normaliser: float, old_from_forward:
         )  # fmt: skip
 
     return loss_fn
+
+
+def scored(model, samples: list[Sample], idx: list[int], temperature: float, replay: bool) -> dict:
+    """samples[i] -> its completion's log-probs under `model` (the policy, or the frozen reference), for i
+    in idx (this DP rank's share), teacher-forced on the engine's exact tokens; with routing replay, through
+    the experts the engine routed each token to. Collective over the model's group."""
+    from megatron_rl.trainer.replay import routes_of
+
+    chosen = [samples[i] for i in idx]
+    values = model.logprobs(
+        [s.sequence for s in chosen],
+        [s.prompt_len for s in chosen],
+        temperature=temperature,
+        routes=routes_of(samples, idx, replay),
+    )
+    return dict(zip(idx, values))
+
+
+def engine_logprobs(samples: list[Sample], idx: list[int]) -> dict:
+    """samples[i] -> the engine's own sampling log-probs (algorithm.old_logprobs=engine)."""
+    return {i: torch.tensor(samples[i].logprobs, dtype=torch.float32) for i in idx}
+
+
+def share_agreement(
+    samples: list[Sample], threshold: float, version: int, idx: list[int], trainer_logprobs
+) -> dict:
+    """The engine-vs-trainer agreement of samples[i] for i in idx (rollout/logprob_check.py `compare`),
+    on the tokens of `version`, the batch's newest."""
+    from megatron_rl.rollout.logprob_check import compare
+
+    return compare([samples[i] for i in idx], trainer_logprobs, threshold, version)

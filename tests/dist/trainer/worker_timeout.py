@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.config.load import load_recipe
-from megatron_rl.loop.record.run import start_run
+from megatron_rl.loop.record.start import start_run
 
 
 def _timeout_s(group) -> float:

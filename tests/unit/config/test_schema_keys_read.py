@@ -26,6 +26,8 @@ import pytest
 
 from megatron_rl.config.load import load_recipe
 from megatron_rl.config.schema import GROUPS, RecipeConfig
+from megatron_rl.plan.inputs import inputs_from_run
+from megatron_rl.run import resolve
 
 PACKAGE = Path(importlib.import_module("megatron_rl").__file__).parent
 NOT_EVIDENCE = {
@@ -59,7 +61,7 @@ READ_ELSEWHERE = {
     "rollout.on_logprob_disagreement": "megatron_rl.loop.step.components:build_refusals",
     "rollout.logprob_max_gap": "megatron_rl.rollout.agreement:thresholds_of",
     "rollout.logprob_mean_gap": "megatron_rl.rollout.agreement:thresholds_of",
-    "rollout.logprob_probe_prompts": "megatron_rl.loop.step.components:probing",
+    "rollout.logprob_probe_prompts": "megatron_rl.rollout.agreement:probe_shape",
     "rollout.logprob_probe_tokens": "megatron_rl.rollout.agreement:probe_shape",
     "rollout.dtype": "megatron_rl.rollout.agreement:dtypes_of",
     "rollout.on_refused_publication": "megatron_rl.loop.step.components:build_refusals",
@@ -81,7 +83,7 @@ READ_ELSEWHERE = {
     "logger.wandb": "megatron_rl.loop.record.records:RunLog",
     "logger.project": "megatron_rl.loop.record.records:RunLog",
     "logger.group": "megatron_rl.loop.record.records:RunLog",
-    "logger.run_dir": "megatron_rl.loop.record.run:start_run",
+    "logger.run_dir": "megatron_rl.loop.record.start:start_run",
     "logger.progress": "megatron_rl.loop.record.records:RunLog",
     "cluster.dist_timeout_s": "megatron_rl.loop.placement.processes:Processes",
     "optim.lr_schedule": "megatron_rl.trainer.build:optim_settings",
@@ -126,25 +128,24 @@ def _consume(recipe) -> None:
     """What reads a recipe without processes, engines or GPUs."""
     from megatron_rl.check.recipe import check_recipe
     from megatron_rl.cli.submit import request_from_recipe, sbatch_command
-    from megatron_rl.loop.record.run import header
+    from megatron_rl.loop.record.start import header
     from megatron_rl.loop.step import components
     from megatron_rl.models.spec import ModelSpec
-    from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.plan.cycle import cycle
-    from megatron_rl.plan.inputs import inputs_from_recipe
     from megatron_rl.plan.reliability import reliability
     from megatron_rl.trainer.build import optim_settings
 
     check_recipe(recipe)
-    inp, lay = inputs_from_recipe(recipe), ParallelLayout.from_config(recipe.layout)
+    run = resolve(recipe)  # the one place the layout, the spec, the sampling... are read (run/resolve.py)
+    inp, lay = inputs_from_run(run), run.layout
     reliability(inp, lay, cycle(inp, lay).step_s)
     ModelSpec.from_config(recipe.model)
     optim_settings(recipe)
     sbatch_command(request_from_recipe(recipe), recipe.name, [])
-    components.checkpoint_interval(recipe)
+    components.checkpoint_interval(run)
     components.trainer_temperature(recipe.rollout)
-    components.build_task(recipe)
-    header(recipe, Path("outputs"))
+    components.build_task(run)
+    header(run, Path("outputs"))
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ import torch.distributed as dist
 from megatron_rl.loop.placement.processes import Processes
 from megatron_rl.loop.record.names import run_name
 from megatron_rl.loop.record.records import RunLog
-from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.telemetry import console
 
 
@@ -30,9 +29,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def header(recipe, run_dir: Path) -> str:
+def header(run, run_dir: Path) -> str:
     """The first lines a user sees: what runs, on which layout, and where its outputs go."""
-    lay, ro = ParallelLayout.from_config(recipe.layout), recipe.rollout
+    recipe, lay = run.recipe, run.layout
+    ro = recipe.rollout
     procs = lay.gpus
     return "\n".join(
         [
@@ -51,8 +51,10 @@ def _rank_from_env() -> int:
     return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
 
 
-def start_run(recipe) -> tuple[Processes, RunLog]:
-    """This rank's process groups and its records of the run. Collective: every rank calls it once."""
+def start_run(run) -> tuple[Processes, RunLog]:
+    """This rank's process groups and its records of the run (`run`: the resolved run, run/resolve.py).
+    Collective: every rank calls it once."""
+    recipe = run.recipe
     run_dir = Path(recipe.logger.run_dir) / run_name(recipe)
     # Before anything is built: a fresh start over an earlier run's checkpoints would mix the runs.
     from megatron_rl.checkpoint.store import fresh_start_conflict
@@ -63,8 +65,8 @@ def start_run(recipe) -> tuple[Processes, RunLog]:
     # Before anything loads megatron-core or vLLM: their output goes to log.txt from the first line.
     out = console.start(run_dir / "log.txt", _rank_from_env())
     if out.rank == 0:
-        out.say(header(recipe, run_dir))
-    procs = Processes.start(recipe)
+        out.say(header(run, run_dir))
+    procs = Processes.start(run)
     runlog = RunLog(recipe, run_dir, out, procs.is_main, procs.cpu_group)
     dist.barrier(group=procs.job_cpu_group)  # rank 0 has made the run directory and opened the sinks
     return procs, runlog
