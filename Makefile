@@ -33,12 +33,12 @@ system:
 # Each demo is a fresh run (its own outputs/ and checkpoints/ folders), so a second `make demo` does not
 # resume the first one.
 demo: prereqs $(STAMP)
-	MEGATRON_RL_RUN_NAME=grpo_tiny_cpu-$$(date +%Y%m%d-%H%M%S) $(BIN)/python -m megatron_rl.launch_local grpo_tiny_cpu
+	MEGATRON_RL_RUN_NAME=grpo_tiny_cpu-$$(date +%Y%m%d-%H%M%S) $(BIN)/megatron-rl run grpo_tiny_cpu
 
 # The real-checkpoint path on CPU: a tiny Qwen2-format checkpoint (built once under .cache/), its
 # tokenizer and chat template, end-of-sequence stops, the sandbox, checkpoints (export: tools/export_hf.py).
 demo-hf: prereqs $(STAMP)
-	MEGATRON_RL_RUN_NAME=grpo_tiny_hf_cpu-$$(date +%Y%m%d-%H%M%S) $(BIN)/python -m megatron_rl.launch_local grpo_tiny_hf_cpu
+	MEGATRON_RL_RUN_NAME=grpo_tiny_hf_cpu-$$(date +%Y%m%d-%H%M%S) $(BIN)/megatron-rl run grpo_tiny_hf_cpu
 
 test: prereqs $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15 tests

@@ -9,7 +9,7 @@ grpo_tiny_moe_cpu, `separated` = grpo_tiny_cpu_separated) and engine dtype (the 
 real `launch_local` run publishes a clean version 1, then one faulty version per fault of
 reshard/faults.py (MEGATRON_RL_PUBLICATION_FAULTS), then clean ones again, with
 `rollout.on_logprob_disagreement=warn`: every version serves and the probe of every publication is
-recorded (loop/probe.py). Per run:
+recorded (loop/placement/probe.py). Per run:
   clean     the largest probe max and mean |trainer - engine| over the clean versions, and the step's own
             agreement (old log-probs against the engines', the batch that version drew)
   faults    each fault's probe max and mean gap, and whether the thresholds in force catch it
@@ -63,7 +63,7 @@ def run(out: Path, name: str, recipe: str, steps: int, overrides: list[str], fau
     cmd = [
         sys.executable,
         "-m",
-        "megatron_rl.launch_local",
+        "megatron_rl.cli.launch_local",
         recipe,
         f"steps={steps}",
         f"logger.run_dir={out / 'outputs'}",

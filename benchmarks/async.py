@@ -58,7 +58,7 @@ def run_job(out: Path, name: str, steps: int, overrides: list[str]) -> tuple[lis
     """One launch_local job; its step records and its wall seconds."""
     env = {**os.environ, "MEGATRON_RL_RUN_NAME": name, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
     cmd = [
-        sys.executable, "-m", "megatron_rl.launch_local", RECIPE, f"steps={steps}",
+        sys.executable, "-m", "megatron_rl.cli.launch_local", RECIPE, f"steps={steps}",
         f"logger.run_dir={out}", f"checkpoint.dir={out / 'ckpt'}", "logger.wandb=false",
         "logger.progress=false", "checkpoint.interval=0", *overrides,
     ]  # fmt: skip

@@ -130,8 +130,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.layout import ParallelLayout
     from megatron_rl.models.spec import ModelSpec
+    from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.trainer.parallel import init_parallel, launched_world
 
     state = init_parallel(ParallelLayout.over(launched_world(), 2, 1))

@@ -328,13 +328,14 @@ def ours_overrides(args, fixture: Path, tokens: int, variant: str, work: Path) -
 def planner_layout(args, fixture: Path, tokens: int, work: Path) -> tuple[list[str], str]:
     """The layout `megatron-rl plan`'s search ranks first for this workload on this machine's cluster
     (conf/cluster/cpu_2core.yaml) among those the driver runs today, as overrides."""
-    from megatron_rl.check import check_recipe, refused
+    from megatron_rl.check.recipe import check_recipe, refused
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.plan.inputs import inputs_from_recipe
+    from megatron_rl.plan.inputs import inputs_from_run
     from megatron_rl.plan.search import search
+    from megatron_rl.run import resolve
 
     base = ours_overrides(args, fixture, tokens, "default", work)
-    ranked = search(inputs_from_recipe(load_recipe(RECIPE, base)))["ranked"]
+    ranked = search(inputs_from_run(resolve(load_recipe(RECIPE, base))))["ranked"]
     for cyc in ranked:
         layout = cyc.layout.as_overrides()
         if not refused(check_recipe(load_recipe(RECIPE, base + layout), read_data=False), "run"):
@@ -344,7 +345,7 @@ def planner_layout(args, fixture: Path, tokens: int, work: Path) -> tuple[list[s
 
 def run_ours(args, fixture: Path, tokens: int, variant: str, work: Path) -> dict:
     name = f"peer-{variant}-{tokens}-{time.time_ns()}"
-    cmd = [sys.executable, "-m", "megatron_rl.launch_local", RECIPE]
+    cmd = [sys.executable, "-m", "megatron_rl.cli.launch_local", RECIPE]
     cmd += ours_overrides(args, fixture, tokens, variant, work)
     env = {**os.environ, "MEGATRON_RL_RUN_NAME": name, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     t0 = time.time()

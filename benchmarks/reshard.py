@@ -125,7 +125,7 @@ def worker(repeats: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.reshard.plan import Links
     from megatron_rl.reshard.publish import InMemorySink, Publisher
 

@@ -19,8 +19,8 @@ import time
 import torch
 
 from megatron_rl.config.schema import RolloutConfig
+from megatron_rl.loop.placement.timeshare import memory_snapshot
 from megatron_rl.models.tiny import hf_config, hf_model, tiny_spec
-from megatron_rl.rollout.timeshare import memory_snapshot
 from megatron_rl.rollout.types import SamplingSettings
 from megatron_rl.rollout.vllm_engine import VLLMEngine
 

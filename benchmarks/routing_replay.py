@@ -56,9 +56,9 @@ def _measure(args, tmp: Path) -> dict:
     """The run itself, its checkpoints under `tmp` (removed afterwards)."""
     from megatron_rl.checkpoint.export import write_hf
     from megatron_rl.config.schema import ModelConfig
-    from megatron_rl.layout import ParallelLayout
     from megatron_rl.models.fixture import build_fixture
     from megatron_rl.models.spec import ModelSpec
+    from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.rollout.vllm_engine import VLLMEngine
     from megatron_rl.trainer.hf_import import load_hf_into
     from megatron_rl.trainer.parallel import init_parallel

@@ -28,8 +28,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from megatron_rl.config.schema import RewardConfig
-from megatron_rl.data.problems import Problem
 from megatron_rl.reward.pool import RewardPool
+from megatron_rl.reward.problem import Problem
 from megatron_rl.reward.sandbox import Sandbox, SandboxLimits, default_workers, find_bwrap
 
 CODE = "def add(a, b):\n    return a + b\n"

@@ -2,7 +2,7 @@
 # Job-wide environment shared by every launcher: `source` it (slurm/train.sbatch, launch/torchrun.sh).
 #
 # The per-rank half is launch/rank.py (ranks from srun's or torchrun's variables, via
-# megatron_rl/dist_env.py). This half sets what is the same for every rank of a job. Every value
+# megatron_rl/parallel/dist_env.py). This half sets what is the same for every rank of a job. Every value
 # yields to one already in the environment, so `export NCCL_DEBUG=INFO` before sbatch wins.
 
 MEGATRON_RL_HOME=${MEGATRON_RL_HOME:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
@@ -46,7 +46,7 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 
 if [[ -n "${SLURM_JOB_ID:-}" ]]; then
   # Rank 0 runs on the first node of the job; every node computes the same address and port.
-  # The port rule is megatron_rl/dist_env.py's (_port_from_job): two jobs sharing a node differ.
+  # The port rule is megatron_rl/parallel/dist_env.py's (_port_from_job): two jobs sharing a node differ.
   if [[ -z "${MASTER_ADDR:-}" ]]; then
     MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | head -n 1)
     MASTER_ADDR=${MASTER_ADDR:-$(hostname)} # the batch script runs on the first node
@@ -54,5 +54,5 @@ if [[ -n "${SLURM_JOB_ID:-}" ]]; then
   export MASTER_ADDR
   export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
   # W&B and the run directory need nothing here: the trainer names the run <recipe>-<job id> (the
-  # same after a requeue, so the run continues) and groups runs by recipe (megatron_rl/loop/run.py).
+  # same after a requeue, so the run continues) and groups runs by recipe (megatron_rl/loop/record/run.py).
 fi

@@ -27,7 +27,7 @@ from datetime import timedelta
 
 def recipe_layout(recipe_args: list[str]):
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.parallel.layout import ParallelLayout
 
     recipe = load_recipe(recipe_args[0], recipe_args[1:])
     return ParallelLayout.from_config(recipe.layout)
@@ -40,7 +40,7 @@ def expected_world(recipe_args: list[str]) -> int:
 
 def roles(recipe_args: list[str], world: int) -> list[str]:
     """What each rank would be in the recipe's run: "trainer+engine" (colocated), or "trainer" / "engine"
-    (separated: the trainer's ranks first, then the engines'; loop/pools.py)."""
+    (separated: the trainer's ranks first, then the engines'; loop/placement/pools.py)."""
     lay = recipe_layout(recipe_args)
     if lay.colocated:
         return ["trainer+engine"] * world
@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     import torch
     import torch.distributed as dist
 
-    from megatron_rl.dist_env import from_env
+    from megatron_rl.parallel.dist_env import from_env
 
     env = from_env()
     cuda = torch.cuda.is_available()

@@ -4,7 +4,7 @@
     ENTRY: a module run like `python -m ENTRY` (megatron_rl.train) or the path of a .py script.
 
 It maps the launcher's variables (SLURM_PROCID/SLURM_NTASKS/... or torchrun's RANK/WORLD_SIZE/...) to
-one set of torchrun-style variables through megatron_rl.dist_env, so every entry point reads the same
+one set of torchrun-style variables through megatron_rl.parallel.dist_env, so every entry point reads the same
 ranks whoever started it, then runs the entry.
 
 Normally it replaces itself with the entry (exec): the trainer keeps the task's PID and receives
@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 0 if argv else 2
     sys.path.insert(0, str(REPO))
-    from megatron_rl.dist_env import from_env
+    from megatron_rl.parallel.dist_env import from_env
 
     dist = from_env()
     dist.export()

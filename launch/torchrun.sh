@@ -13,7 +13,7 @@ source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/bootstrap.sh"
 NPROC=${NPROC:-$("$PYTHON" -c '
 import sys
 from megatron_rl.config.load import load_recipe
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 try:
     print(ParallelLayout.from_config(load_recipe(sys.argv[1], sys.argv[2:]).layout).world_size)
 except Exception as e:

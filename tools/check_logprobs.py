@@ -83,26 +83,24 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = ap.parse_args(argv)
 
-    from megatron_rl.check import ConfigError, validate_recipe
+    from megatron_rl.check.recipe import ConfigError, validate_recipe
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.layout import ParallelLayout
     from megatron_rl.models.dtypes import hf_dtype_name
-    from megatron_rl.models.spec import ModelSpec
     from megatron_rl.models.tiny import hf_config
     from megatron_rl.reshard.publish import Publisher
-    from megatron_rl.rollout.agreement import dtypes_of, problems, thresholds_of
+    from megatron_rl.rollout.agreement import dtypes_of, problems
     from megatron_rl.rollout.sink import VLLMEngineSink
     from megatron_rl.rollout.vllm_engine import VLLMEngine
     from megatron_rl.trainer.parallel import init_parallel
     from megatron_rl.trainer.policy import Policy
 
     try:  # the driver's own check: a layout whose engines do not cover every rank is refused here
-        rc = validate_recipe(load_recipe(args.recipe, args.overrides))
+        run = validate_recipe(load_recipe(args.recipe, args.overrides))  # resolved once: run/resolve.py
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
-    lay, ro = rc.layout, rc.rollout
-    spec = ModelSpec.from_config(rc.model)
-    st = init_parallel(ParallelLayout.from_config(lay), seed=rc.seed)
+    rc, lay, spec = run.recipe, run.layout, run.spec
+    ro = rc.rollout
+    st = init_parallel(lay, seed=rc.seed)
     policy = Policy(spec, st)
     if rc.model.hf_checkpoint:
         from megatron_rl.trainer.hf_import import load_hf_into
@@ -136,11 +134,11 @@ def main(argv: list[str]) -> int:
         delivery=args.delivery,
         cpu_group=st.cpu_group,
     )
-    sampling = SamplingSettings.from_config(ro)
+    sampling = run.sampling
     prompts = random_prompts(
         args.prompts, args.prompt_len, spec.vocab_size, seed=rc.seed + engine.engine_index
     )
-    thresholds = thresholds_of(rc)
+    thresholds = run.thresholds
     if args.threshold is not None:
         thresholds = replace(thresholds, max_gap=args.threshold, source="--threshold (max)")
     threshold = thresholds.max_gap

@@ -25,7 +25,6 @@ def main(argv=None) -> int:
     from megatron_rl.checkpoint.export import write_hf
     from megatron_rl.checkpoint.store import is_complete, newest_complete
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.layout import ParallelLayout
     from megatron_rl.trainer.build import build_policy
     from megatron_rl.trainer.parallel import destroy_parallel, init_parallel, launched_world
 
@@ -36,9 +35,12 @@ def main(argv=None) -> int:
             print(f"error: no complete checkpoint at {ckpt}", file=sys.stderr)
             return 1
         ckpt = found[1]
+    from megatron_rl.run import resolve
+
     recipe = load_recipe(args.recipe, args.overrides)
+    run = resolve(recipe)  # the layout and the model's shape (its checkpoint's config.json), once
     # Any world size N can load it: the recipe's TP/PP (and CP), DP from N (dist-checkpointing reshards).
-    lay = ParallelLayout.from_config(recipe.layout)
+    lay = run.layout
     lay = lay.with_(dp=max(1, launched_world() // (lay.tp * lay.pp * lay.cp)), engine_count=launched_world())
     state = init_parallel(lay, seed=recipe.seed)
     # Verified before any DCP read: torch's reader unpickles dist/.metadata (checkpoint/integrity.py).
@@ -50,7 +52,7 @@ def main(argv=None) -> int:
         destroy_parallel()
         return 1
     # The shape comes from the recipe (its checkpoint's config.json); the weights from our checkpoint.
-    policy = build_policy(recipe, state, with_optimizer=False, import_weights=False)
+    policy = build_policy(run, state, with_optimizer=False, import_weights=False)
     loaded = dist_checkpointing.load({"model": policy.model.sharded_state_dict()}, str(ckpt / "dist"))
     policy.model.load_state_dict(loaded["model"])
     out = write_hf(policy, args.out, source=recipe.model.hf_checkpoint)

@@ -14,7 +14,7 @@ Each check runs the package's own code, as the loop calls it:
   hf        HF import + log-prob agreement with HF transformers on the same random checkpoint
             (fp32: <= 1e-4; bf16 stated apart: rounding gives ~1e-2), and whether CPU patches ran;
   train     one real `train_step` with the loop's GRPO loss (its per-token extras made on the host
-            by loop/rl_batch.py, as in train.py) and KL to a frozen reference that lives on the host
+            by loop/step/rl_batch.py, as in train.py) and KL to a frozen reference that lives on the host
             between uses (algorithm.reference=offload);
   preempt   SIGUSR1 to this process, agreed on the CPU group;
   publish   a publication into an in-memory sink in both deliveries (inplace, loader);
@@ -89,7 +89,7 @@ def _init():
     for k, v in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(k, v)
     os.environ.setdefault("MASTER_PORT", "29591")
-    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.trainer.parallel import init_parallel, launched_world
 
     return init_parallel(ParallelLayout.over(launched_world(), 1, 1))
@@ -170,7 +170,7 @@ def check_hf(state, tmp: Path, on_gpu: bool, tol: float = FP32_TOL) -> dict:
 
 def check_train(state, timer) -> dict:
     """The loop's trainer half: old and reference log-probs, advantages, one update with the GRPO loss."""
-    from megatron_rl.loop.rl_batch import (
+    from megatron_rl.loop.step.rl_batch import (
         advantages_with_kl,
         global_normaliser,
         grpo_loss_fn,
@@ -225,8 +225,8 @@ def check_preempt(state) -> dict:
 
 
 def check_publish(policy, spec) -> dict:
-    from megatron_rl.layout import ParallelLayout
     from megatron_rl.models.hf import megatron_full_to_hf
+    from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.reshard.publish import InMemorySink, Publisher
 
     out = {"ok": True}

@@ -16,30 +16,37 @@ decide where data lives and how ranks reduce. One idea per module:
     overlong           overlong_mask           drop truncated samples from the loss
                        overlong_penalty        soft length penalty near the generation limit
     grpo               grpo_loss               the composition the trainer calls
+    old_policy         source                  where the ratio's denominator comes from (no torch)
+    names              KL_ESTIMATORS, ...      the choices these implement, torch-free: the recipe
+                                               check admits exactly these
+
+The functions load on first use (PEP 562): `megatron_rl.algorithms.names` and `.old_policy` import
+without torch, so the recipe check and the planner stay torch-free.
 """
 
-from megatron_rl.algorithms.advantages import group_advantages
-from megatron_rl.algorithms.aggregation import LOSS_AGGREGATIONS, aggregate_loss, loss_normalizer
-from megatron_rl.algorithms.dynamic_sampling import fill_batch, informative_groups, trim_groups
-from megatron_rl.algorithms.grpo import grpo_loss
-from megatron_rl.algorithms.kl import KL_ESTIMATORS, kl_estimate, kl_penalty_rewards
-from megatron_rl.algorithms.overlong import overlong_mask, overlong_penalty
-from megatron_rl.algorithms.policy_loss import clipped_surrogate, truncated_is_weights
+from importlib import import_module
 
-__all__ = [
-    "KL_ESTIMATORS",
-    "LOSS_AGGREGATIONS",
-    "aggregate_loss",
-    "clipped_surrogate",
-    "fill_batch",
-    "group_advantages",
-    "grpo_loss",
-    "informative_groups",
-    "kl_estimate",
-    "kl_penalty_rewards",
-    "loss_normalizer",
-    "overlong_mask",
-    "overlong_penalty",
-    "trim_groups",
-    "truncated_is_weights",
-]
+_WHERE = {
+    "group_advantages": "advantages",
+    "aggregate_loss": "aggregation",
+    "loss_normalizer": "aggregation",
+    "fill_batch": "dynamic_sampling",
+    "informative_groups": "dynamic_sampling",
+    "trim_groups": "dynamic_sampling",
+    "grpo_loss": "grpo",
+    "kl_estimate": "kl",
+    "kl_penalty_rewards": "kl",
+    "overlong_mask": "overlong",
+    "overlong_penalty": "overlong",
+    "clipped_surrogate": "policy_loss",
+    "truncated_is_weights": "policy_loss",
+    "KL_ESTIMATORS": "names",
+    "LOSS_AGGREGATIONS": "names",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)

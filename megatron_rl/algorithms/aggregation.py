@@ -31,7 +31,7 @@ Shape suffixes:
 import torch
 
 from megatron_rl.algorithms._checks import as_float_mask, check_2d, check_same_shape
-from megatron_rl.config.choices import LOSS_AGGREGATIONS
+from megatron_rl.algorithms.names import LOSS_AGGREGATIONS
 
 
 def _check_mode(mode: str) -> None:

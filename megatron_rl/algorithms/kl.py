@@ -20,7 +20,7 @@ Shape suffixes:
 import torch
 
 from megatron_rl.algorithms._checks import as_float_mask, check_2d, check_same_shape
-from megatron_rl.config.choices import KL_ESTIMATORS
+from megatron_rl.algorithms.names import KL_ESTIMATORS
 
 
 def kl_estimate(

@@ -144,7 +144,7 @@ class Checkpointer:
         async_save: bool = True,
         cpu_group=None,
     ):
-        """`procs`: this rank among the processes (loop/processes.py; `rank` and `is_main` are all a save
+        """`procs`: this rank among the processes (loop/placement/processes.py; `rank` and `is_main` are all a save
         reads of it). `cpu_group`: the gloo group for the host-side agreement (bytes to write, the space
         verdict, barriers) -- `ParallelState.cpu_group`; when not given, `procs.cpu_group` or, at save
         time, `policy.state.cpu_group`. Never the default group: on GPU that is NCCL, which refuses

@@ -192,7 +192,7 @@ def compose_recipe(name_or_path: str, overrides: list[str] | None = None):
 
 def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> RecipeConfig:
     """Compose a recipe and return it as a `RecipeConfig` dataclass instance (not yet checked: that is
-    megatron_rl/check.py)."""
+    megatron_rl/check/recipe.py)."""
     from omegaconf import OmegaConf
 
     cfg = compose_recipe(name_or_path, overrides)

@@ -4,7 +4,7 @@ Each group under `conf/` (model, layout, algorithm, rollout, reward, data, optim
 logger, cluster, plan) is backed by one dataclass here. Hydra merges YAML into these structured
 configs, so an unknown key or a wrong type fails at load time with the key's full path, long
 before any process allocates model memory. Cross-field checks (divisibility, world size, memory
-fit) live in `megatron_rl/check.py`, and every numeric key here has its range there.
+fit) live in `megatron_rl/check/recipe.py`, and every numeric key here has its range there.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class AlgorithmConfig:
     kl_in_reward: bool = False  # True: KL as a reward penalty; False: as a loss term
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
     minibatches: int = 1
-    # The ratio's denominator (loop/old_policy.py): recompute = a trainer forward before the first
+    # The ratio's denominator (algorithms/old_policy.py): recompute = a trainer forward before the first
     # update; auto = skip it when the update's own forward gives the same values (one minibatch, no KL
     # in the rewards); engine = the engines' sampling log-probs. The agreement is measured in every case.
     old_logprobs: str = "auto"  # recompute | engine | auto
@@ -146,7 +146,7 @@ class RolloutConfig:
     # serving an fp32 trainer: the publication casts as it lands).
     dtype: str = ""
     # The engines' and the trainer's log-probs of the same tokens must agree (rollout/agreement.py): on a
-    # probe of every publication before it serves (loop/probe.py) and on every step's samples. Thresholds
+    # probe of every publication before it serves (loop/placement/probe.py) and on every step's samples. Thresholds
     # in nats on the max and the mean |trainer - engine|; 0 = set by the dtype pair (validate --json).
     logprob_max_gap: float = 0.0
     logprob_mean_gap: float = 0.0
@@ -165,7 +165,7 @@ class RolloutConfig:
     on_refused_publication: str = "stop"  # stop | skip | retry
     max_refused_publications: int = 3
     # layout.synchrony=async: how many steps the engines run ahead of the trainer; every batch is then
-    # trained at most k updates after the policy that sampled it (loop/schedule.py). The driver draws
+    # trained at most k updates after the policy that sampled it (parallel/schedule.py). The driver draws
     # one batch per step, so 1 is the one value `validate` takes (more would add lag, not overlap).
     max_staleness: int = 1
     # Over-sampling against the long tail: draw ceil(oversample x prompts) per step and train on the
@@ -174,7 +174,7 @@ class RolloutConfig:
     oversample: float = 1.0
     # Partial rollouts (needs oversample > 1): the groups still running when the batch's first groups
     # have finished are cut, not dropped: their tokens (with log-probs and versions) are kept and the next
-    # batch continues them first under the newer version (loop/carry.py). A group cut partial_max_cuts
+    # batch continues them first under the newer version (loop/step/carry.py). A group cut partial_max_cuts
     # times is not cut again: the batch waits for it, which bounds a token's age.
     partial: bool = False
     partial_max_cuts: int = 2

@@ -120,7 +120,7 @@ class ArithmeticTask:
         return ArithmeticPrompt(target=target, prompt_ids=ids, problem_id=problem_id, max_new_tokens=cap)
 
     def prompt_record(self, prompt: ArithmeticPrompt) -> dict:
-        """A drawn prompt as JSON (a checkpoint's carried groups: loop/carry.py)."""
+        """A drawn prompt as JSON (a checkpoint's carried groups: loop/step/carry.py)."""
         return {
             "target": prompt.target,
             "problem_id": prompt.problem_id,
@@ -145,7 +145,7 @@ class ArithmeticTask:
 
     def problem(self, prompt: ArithmeticPrompt):
         """The reward problem (tests as Python source) for one prompt."""
-        from megatron_rl.data.problems import Problem
+        from megatron_rl.reward.problem import Problem
 
         return Problem(
             id=prompt.problem_id,

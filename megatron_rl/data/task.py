@@ -16,7 +16,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from megatron_rl.data.problems import Problem, load_problems
+from megatron_rl.data.problems import load_problems
+from megatron_rl.reward.problem import Problem
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class ProblemTask:
 
     def state(self) -> dict:
         # A copy: drawing pops from the live order, and a saved state must not move with it (an
-        # asynchronous run keeps the state from before batches drawn ahead: loop/feed.py).
+        # asynchronous run keeps the state from before batches drawn ahead: loop/placement/feed.py).
         return {"rng": self.rng.getstate(), "order": list(self.order), "drawn": self.drawn}
 
     def load_state(self, state: dict) -> None:
@@ -117,7 +118,7 @@ class ProblemTask:
         self.order, self.drawn = list(state["order"]), state["drawn"]
 
     def prompt_record(self, prompt: ProblemPrompt) -> dict:
-        """A drawn prompt as JSON (a checkpoint's carried groups: loop/carry.py): its problem's position
+        """A drawn prompt as JSON (a checkpoint's carried groups: loop/step/carry.py): its problem's position
         and id, checked on load against the problem list the resumed run reads."""
         return {"index": prompt.index, "id": prompt.problem.id}
 

@@ -80,12 +80,23 @@ def megatron_names(
     return names
 
 
+def fused_to_local_prefixes() -> dict[str, str]:
+    """transformer-engine's fused-norm name prefixes -> the local spec's, within a layer.
+
+    Read from megatron-core itself: the local spec's `sharded_state_dict_keys_map` is how megatron
+    keeps local-spec checkpoints loadable by TE models ({'input_layernorm.':
+    'self_attention.linear_qkv.layer_norm_', ...}); inverted, it names every parameter the TE spec
+    fuses. The local spec imports without transformer-engine, so this works on any machine."""
+    from megatron.core.models.gpt import gpt_layer_specs as S
+
+    keys_map = S.get_gpt_layer_local_spec(normalization="RMSNorm").submodules.sharded_state_dict_keys_map
+    return {fused: local for local, fused in keys_map.items()}
+
+
 def canonical_name(name: str) -> str:
     """The local-spec name of a megatron tensor named in either scheme (TE's fused norms mapped back)."""
     if "layer_norm_" not in name:  # the only names the two schemes disagree on
         return name
-    from megatron_rl.models.megatron import fused_to_local_prefixes
-
     layer, rest = _split(name)
     for fused, local in fused_to_local_prefixes().items():
         if rest.startswith(fused):

@@ -13,10 +13,11 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from megatron_rl.layout import ParallelLayout
 from megatron_rl.models.dtypes import recipe_dtype, torch_dtype
 from megatron_rl.models.experts import GROUPED, expert_gemm, grouped_to_per_expert
+from megatron_rl.models.hf import canonical_name
 from megatron_rl.models.spec import ModelSpec
+from megatron_rl.parallel.layout import ParallelLayout
 
 
 @functools.cache
@@ -30,7 +31,7 @@ def transformer_engine_available() -> bool:
     refuses it for GPU runs before any rank starts)."""
     if not torch.cuda.is_available():
         return False
-    from megatron_rl.machine import TE_INSTALL, dist_version, te_import_error
+    from megatron_rl.system.machine import TE_INSTALL, dist_version, te_import_error
 
     problem = te_import_error()
     if problem is not None:
@@ -222,26 +223,11 @@ def apply_rope_scaling(model, spec: ModelSpec) -> None:
 
 
 @functools.cache
-def fused_to_local_prefixes() -> dict[str, str]:
-    """transformer-engine's fused-norm name prefixes -> the local spec's, within a layer.
-
-    Read from megatron-core itself: the local spec's `sharded_state_dict_keys_map` is how megatron
-    keeps local-spec checkpoints loadable by TE models ({'input_layernorm.':
-    'self_attention.linear_qkv.layer_norm_', ...}); inverted, it names every parameter the TE spec
-    fuses. The local spec imports without transformer-engine, so this works on any machine."""
-    from megatron.core.models.gpt import gpt_layer_specs as S
-
-    keys_map = S.get_gpt_layer_local_spec(normalization="RMSNorm").submodules.sharded_state_dict_keys_map
-    return {fused: local for local, fused in keys_map.items()}
-
-
 def global_param_name(model, local_name: str) -> str:
     """The name every consumer (HF import, publication, export) uses for a parameter of this stage:
     the global layer index (state-dict keys on a PP stage count from the stage's first layer) and the
     local spec's naming, whichever layer spec built the model (models/hf.py `canonical_name`), with a
     grouped MoE's expert weights named per expert (models/experts.py)."""
-    from megatron_rl.models.hf import canonical_name
-
     parts = local_name.split(".")
     if parts[:2] == ["decoder", "layers"]:
         parts = grouped_to_per_expert(parts)  # TEGroupedMLP's weight{i} -> local_experts.{i}.weight

@@ -5,7 +5,7 @@ FLOPs and GPU-seconds per phase, generation bound by HBM bandwidth and the longe
 scoring in the CPU pool, the serial and the overlapped cycle, weight publication over each network
 cut, memory per GPU, checkpoints and failures, and ranks the layouts of the GPU count.
 
-    inputs.py       the recipe's numbers (PlanInputs); the layout is megatron_rl.layout.ParallelLayout
+    inputs.py       the recipe's numbers (PlanInputs); the layout is megatron_rl.parallel.layout.ParallelLayout
     flops.py        tokens per step, training / log-prob / prefill / decode FLOPs
     generation.py   decode bytes per step, KV capacity, concurrency, the longest-completion floor
     scoring.py      CPU pool time and how much hides behind generation
@@ -17,7 +17,7 @@ cut, memory per GPU, checkpoints and failures, and ranks the layouts of the GPU 
     calibrate.py    measured step records -> calibrated phases and "what if we separate the pools"
     report.py       the plan as typed data (report_types.py; --json via to_json()); render.py as text;
                     plot.py as a Gantt PNG
-    cli.py          `megatron-rl plan`
+`megatron-rl plan` is megatron_rl/cli/plan.py.
 """
 
 from megatron_rl.plan.memory import memory_per_gpu

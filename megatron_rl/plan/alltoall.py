@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.inputs import PlanInputs
 
 TRAIN_PASSES = 4  # dispatch and combine forward, their gradients backward

@@ -17,7 +17,7 @@ import math
 import statistics
 from pathlib import Path
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.cycle import PHASES, Cycle, compare_splits, from_phases
 from megatron_rl.plan.inputs import PlanError, PlanInputs
 

@@ -7,7 +7,7 @@ step takes the larger of the two paths:
     collection = publish + generation + exposed scoring           (engine GPUs and the CPU pool)
     learning   = publish + log-prob forwards + train + optimizer  (trainer GPUs)
 The publication is on both paths: the engines take part in it (receive, stage, validate, activate)
-between two of their batches, so neither pool works during it (loop/schedule.py).
+between two of their batches, so neither pool works during it (parallel/schedule.py).
 
 Compute phases run at the assumed MFU on the trainer GPUs, stretched by two layout effects the MFU
 cannot know: DP imbalance (a minibatch's sequences split unevenly over DP ranks: ceil(B/DP)·DP/B)
@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from megatron_rl.layout import RECOMPUTE_MODES, ParallelLayout
 from megatron_rl.models.experts import PER_EXPERT
+from megatron_rl.parallel.layout import RECOMPUTE_MODES, ParallelLayout
 from megatron_rl.plan.alltoall import step_alltoall
 from megatron_rl.plan.flops import logprob_forward_flops, recompute_extra_flops, train_flops
 from megatron_rl.plan.generation import Generation, generation

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.flops import (
     decode_context_sum,
     decode_flops_per_sample,

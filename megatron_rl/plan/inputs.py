@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_rl.loop.old_policy import needs_forward
+from megatron_rl.algorithms.old_policy import needs_forward
 from megatron_rl.models.experts import GROUPED, expert_gemm
 from megatron_rl.models.spec import ModelSpec
-from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 
 GB = 1e9
 GIB = 2**30
@@ -49,7 +48,7 @@ class Workload:
     minibatches: int
     micro_batch_size: int
     reference_forward: bool  # KL to a frozen reference needs its log-probs every step
-    # A trainer forward for the old log-probs (algorithm.old_logprobs; loop/old_policy.py): none
+    # A trainer forward for the old log-probs (algorithm.old_logprobs; algorithms/old_policy.py): none
     # when the update's own forward or the engines' log-probs stand in for it.
     old_forward: bool
     seconds_per_sample: float  # scoring, in one core of the pool
@@ -185,10 +184,10 @@ class PlanInputs:
         return self.spec.kv_bytes_per_token()
 
 
-def inputs_from_recipe(recipe) -> PlanInputs:
-    """The planner's numbers from a `RecipeConfig` that has passed the one recipe check
-    (megatron_rl/check.py, which `megatron-rl plan` runs first): values are not re-checked here."""
-    spec = ModelSpec.from_config(recipe.model)
+def inputs_from_run(run) -> PlanInputs:
+    """The planner's numbers from a resolved run (run/resolve.py) whose recipe has passed the one recipe
+    check (megatron_rl/check/recipe.py, which `megatron-rl plan` runs first): values are not re-checked here."""
+    recipe, spec = run.recipe, run.spec
     d, r, c, p, a = recipe.data, recipe.rollout, recipe.cluster, recipe.plan, recipe.algorithm
     work = Workload(
         prompts=d.prompts_per_step,
@@ -215,7 +214,7 @@ def inputs_from_recipe(recipe) -> PlanInputs:
         node_ib_bytes_per_s=c.nics_per_node * c.ib_gbps_per_nic * GB / 8,
         storage_bytes_per_s=c.storage_gbps * GB,
         node_mtbf_s=c.node_mtbf_days * 86400.0,
-        is_cpu=c.gpu == "cpu",
+        is_cpu=not run.on_gpu,
         allreduce_latency_s=c.allreduce_latency_us * 1e-6,
     )
     assume = Assumptions(
@@ -224,7 +223,7 @@ def inputs_from_recipe(recipe) -> PlanInputs:
         prefix_sharing=p.prefix_sharing,
         gpu_memory_utilization=r.gpu_memory_utilization,
         kv_cache_bytes=r.kv_cache_bytes,
-        sleep_level=sleep_level_for(r.sleep_level, delivery_for(on_gpu=c.gpu != "cpu")),
+        sleep_level=run.sleep_level,
         distributed_optimizer=recipe.optim.distributed_optimizer,
         publish_pack_s=p.publish_pack_s,
         publish_install_s=p.publish_install_s,
@@ -233,6 +232,6 @@ def inputs_from_recipe(recipe) -> PlanInputs:
         checkpoint_interval_steps=recipe.checkpoint.interval,
         async_save=recipe.checkpoint.async_save,
         reference=recipe.algorithm.reference,
-        expert_gemm=expert_gemm(use_te=c.gpu != "cpu"),
+        expert_gemm=expert_gemm(use_te=run.on_gpu),
     )
     return PlanInputs(name=recipe.name, spec=spec, work=work, hw=hw, assume=assume)

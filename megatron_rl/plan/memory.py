@@ -35,7 +35,7 @@ Colocated, the two time-share each GPU: while the engine generates, the trainer 
 params (grads and optimizer offloaded) and a resident reference; while the trainer trains, the
 sleeping engine keeps only its runtime. A third moment is the engine's construction: vLLM claims
 gpu_memory_utilization x the GPU then, while the trainer steps aside (optimizer state and gradient
-buffers offloaded, the reference on the host: rollout/timeshare.py `trainer_aside`) but keeps its
+buffers offloaded, the reference on the host: loop/placement/timeshare.py `trainer_aside`) but keeps its
 params. The peak is the largest of these moments.
 """
 
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 
-from megatron_rl.layout import RECOMPUTE_MODES, ParallelLayout
+from megatron_rl.parallel.layout import RECOMPUTE_MODES, ParallelLayout
 from megatron_rl.plan.inputs import GIB, PlanInputs
 
 # Assumed fixed overheads (GiB per GPU); on the CPU build one process stands in for a GPU.
@@ -278,16 +278,16 @@ def _gib(parts: dict) -> dict:
     }
 
 
-def memory_per_gpu(recipe) -> dict:
-    """Memory per GPU of a recipe's own layout, in GiB: cheap and pure, for `validate`'s fit check.
+def memory_per_gpu(run) -> dict:
+    """Memory per GPU of a resolved run's own layout (run/resolve.py), in GiB: cheap and pure, for
+    `validate`'s fit check.
 
     Returns {"trainer": {...parts, "total"}, "engine": {...parts, "total"}, "trainer_per_gpu",
     "engine_per_gpu", "peak_per_gpu", "gpu_memory_gib", "activations_by_recompute", "fits", "reasons"}.
     """
-    from megatron_rl.plan.inputs import inputs_from_recipe
+    from megatron_rl.plan.inputs import inputs_from_run
 
-    inp = inputs_from_recipe(recipe)
-    layout = ParallelLayout.from_config(recipe.layout)
+    inp, layout = inputs_from_run(run), run.layout
     fit = memory_fit(inp, layout)
     trainer = _gib({k: v for k, v in fit["trainer"].items()})
     engine = _gib({k: v for k, v in fit["engine"].items() if k != "kv_bytes_per_token_per_gpu"})

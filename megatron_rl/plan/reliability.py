@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.inputs import PlanInputs
 from megatron_rl.plan.memory import optimizer_bytes_per_param
 

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from megatron_rl.layout import RECOMPUTE_MODES, ParallelLayout
+from megatron_rl.parallel.layout import RECOMPUTE_MODES, ParallelLayout
 from megatron_rl.plan import generation as gen_mod
 from megatron_rl.plan import memory as mem_mod
 from megatron_rl.plan import reliability as rel_mod

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.cycle import Cycle, cycle, lightest_fitting, split_options
 from megatron_rl.plan.inputs import PlanInputs
 

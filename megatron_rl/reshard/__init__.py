@@ -7,7 +7,8 @@
     checksum.py  digests of tensor bytes (xxh3, sha256, mix128 in torch ops) with the NaN/Inf check fused in
     manifest.py  per-version manifest (shape, dtype, checksum, step) and validation of a staged version
     publish.py   Publisher (stage -> validate -> activate on every rank), EngineSink contract, InMemorySink
-    cli.py       `megatron-rl reshard-plan RECIPE`
+    faults.py    conversion faults injected on purpose (tests, benchmarks/agreement.py)
+`megatron-rl reshard-plan RECIPE` is megatron_rl/cli/reshard.py.
 
 Importing this package loads neither torch.distributed nor megatron-core; the modules load torch.
 """

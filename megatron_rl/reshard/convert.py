@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from megatron_rl.layout_rules import ENGINE_VOCAB_PAD, engine_problems
 from megatron_rl.models.hf import all_hf_names, hf_shape, hf_sources, shard_kind
 from megatron_rl.models.spec import ModelSpec
+from megatron_rl.parallel.rules import ENGINE_VOCAB_PAD, engine_problems
 
 DELIVERIES = ("inplace", "loader")
 # vLLM's DEFAULT_VOCAB_PADDING_SIZE: vocab rows padded to this, then split over TP (the layout rules' copy).

@@ -1,5 +1,5 @@
 """Conversion faults, injected into chosen publications: what the checksums cannot see and the log-prob
-agreement must (rollout/agreement.py, loop/probe.py).
+agreement must (rollout/agreement.py, loop/placement/probe.py).
 
 A publication's manifest is computed from what the trainer sends, so a fault made before the transfer --
 which is where a conversion bug lives -- passes every checksum: the bytes arrive exactly as sent, and

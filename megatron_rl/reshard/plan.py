@@ -28,10 +28,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from megatron_rl import layout_rules as rules
-from megatron_rl.layout import ParallelLayout, TrainerCoord
 from megatron_rl.models.hf import expert_of, megatron_names
 from megatron_rl.models.spec import ModelSpec
+from megatron_rl.parallel import rules
+from megatron_rl.parallel.layout import ParallelLayout, TrainerCoord
 from megatron_rl.reshard.convert import TensorLayout, engine_layouts, megatron_layout
 
 KINDS = ("local", "tp_gather", "pp_p2p", "replica_p2p", "cross_pool")

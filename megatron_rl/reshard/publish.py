@@ -28,7 +28,7 @@ rank returns `activated=False` with every rank's problems -- when the shards pas
 (a duplicated, missing or unknown name, a wrong shape or dtype: no transfer runs then), when its
 version does not increase on the last activated one (a rewound `next_version`, a version < 1), or
 when validation fails on any engine rank (checksum, NaN/Inf, uncovered bytes, missing tensors).
-What the run does next is the loop's policy (loop/publication.py), not the publisher's.
+What the run does next is the loop's policy (loop/placement/publication.py), not the publisher's.
 
 Memory: the staged copy is one extra copy of what the rank receives -- its own shards with
 in-place delivery (model / engine TP), the whole model with loader delivery (vLLM's CPU build
@@ -46,9 +46,9 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from megatron_rl.layout import ParallelLayout
 from megatron_rl.models.dtypes import torch_dtype
 from megatron_rl.models.spec import ModelSpec
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.reshard.checksum import default_algorithm, digest_size
 from megatron_rl.reshard.manifest import Manifest, Run, expected_manifest, validate
 from megatron_rl.reshard.plan import Links, ReshardPlan, build_plan
@@ -128,8 +128,8 @@ class PublishResult:
     seconds: dict[str, float] = field(default_factory=dict)
     bytes_staged: int = 0
     attempts: int = 1  # publications tried this step (the loop's retry policy sets it)
-    action: str = ""  # what the loop did about a refusal (loop/publication.py)
-    probe: dict | None = None  # the log-prob probe of the version, once activated (loop/probe.py)
+    action: str = ""  # what the loop did about a refusal (loop/placement/publication.py)
+    probe: dict | None = None  # the log-prob probe of the version, once activated (loop/placement/probe.py)
 
 
 class Publisher:
@@ -152,7 +152,7 @@ class Publisher:
         cpu_group: dist.ProcessGroup | None = None,
     ):
         """`group`: the ranks the layout numbers, by their layout rank: the default group (None) when
-        colocated, the job group of a separated job (loop/pools.py), where the default world is a pool.
+        colocated, the job group of a separated job (loop/placement/pools.py), where the default world is a pool.
         `cpu_group`: a gloo group over the same ranks, for the problems the ranks exchange (host objects;
         NCCL would stage them on the GPU). Needed when `group` is NCCL; a gloo `group` serves itself."""
         self.group = group
@@ -179,7 +179,7 @@ class Publisher:
     @property
     def rank(self) -> int:
         if self.group is not None:
-            return self.group.rank()  # not dist.get_rank(group): see loop/pools.py
+            return self.group.rank()  # not dist.get_rank(group): see loop/placement/pools.py
         return dist.get_rank() if dist.is_initialized() else 0
 
     def publish(
@@ -255,7 +255,7 @@ class Publisher:
 
     def roll_back(self, result: PublishResult, problems: list[str]) -> PublishResult:
         """The version `result` activated is refused after all (its log-prob probe disagreed,
-        loop/probe.py): the engines serve again the version active before it, where their sinks kept it
+        loop/placement/probe.py): the engines serve again the version active before it, where their sinks kept it
         (`VLLMEngineSink(keep_previous=True)`; else they serve nothing until the next activation), and
         `result` becomes a refusal with `problems`. Every rank calls it with the same verdict."""
         self._spare = {}  # the replaced version's tensors may serve again: never stage into them

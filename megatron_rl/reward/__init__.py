@@ -1,5 +1,7 @@
 """Rewards: run each completion's code against its unit tests in a sandbox, or call a cheap verifier.
 
+- `problem.Problem`: what the grader needs of a problem (where problems come from is data/'s).
+- `extract`: the program to run from a completion (fenced blocks, the bare continuation of a prompt).
 - `pool.RewardPool`: the streaming API the training loop uses (submit as samples finish, collect as
   results finish), with one warm sandbox per worker.
 - `sandbox`: the bubblewrap sandbox on the host side, with `memcg` (its memory cgroup); `harness`,
@@ -11,6 +13,5 @@
   `proof` is what a unit must prove in the runner to pass (grading fails closed).
 - `verifiers`: in-process rewards (`module:function`) for trusted, cheap checks.
 - `result.RewardResult`: the one record every reward comes back as.
-- `cli`: `megatron-rl score`, one case (debugging a reward) or a file of completions through the whole
-  pool (`batch`: evaluating a checkpoint's samples offline, pass@1 per problem).
+`megatron-rl score` is megatron_rl/cli/score.py (a file of completions: cli/score_batch.py).
 """

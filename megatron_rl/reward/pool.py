@@ -27,7 +27,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from megatron_rl.data.extract import compose_program
+from megatron_rl.reward.extract import compose_program
 from megatron_rl.reward.result import (
     CRASHED,
     FAILED,
@@ -50,7 +50,7 @@ from megatron_rl.reward.verifiers import load_verifier
 
 if TYPE_CHECKING:
     from megatron_rl.config.schema import RewardConfig
-    from megatron_rl.data.problems import Problem
+    from megatron_rl.reward.problem import Problem
 
 log = logging.getLogger(__name__)
 _STOP = object()

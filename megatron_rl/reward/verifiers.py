@@ -18,7 +18,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
-from megatron_rl.data.extract import extract_code
+from megatron_rl.reward.extract import extract_code
 
 Verifier = Callable[[Any, str], Any]
 

@@ -2,12 +2,17 @@
 
     types.py          Sample, SamplingSettings, the Engine protocol
     vllm_engine.py    VLLMEngine: colocated vLLM (official GPU build, pinned CPU build), streaming
-    sink.py           VLLMEngineSink: the reshard publisher's stage/activate onto a live engine
+    stream.py         the samples of one generate call as they finish
+    scoring.py        the engine's own log-probs of given sequences (a prefill: the publication probe)
+    sink.py           VLLMEngineSink: the reshard publisher's stage/activate (and roll-back) on a live engine
+    delivery.py       how a publication reaches the engine, and the sleep level that follows
     sampling.py       the log-prob convention and the trainer-side transform that matches it
+    convention.py     which sampling settings the trainer's log-probs can follow
     logprob_check.py  engine vs trainer log-probs on the same tokens (every step, and tools/)
-    timeshare.py      trainer offload / engine sleep around each phase, memory per phase
+    agreement.py      the thresholds that comparison is judged by, set by the dtypes
     process.py        the engine's side effects on the trainer's process, contained
     weights.py        HF tensors grouped by vLLM's fused groups
+    routes.py, moe_reload.py  the MoE engine's recorded routes and its CPU reload's repacking
 
 Importing this package loads neither vLLM nor megatron-core.
 """

@@ -4,7 +4,7 @@ The manifest and checksums of a publication prove that the engines received the 
 sent; they cannot see a conversion bug (a wrong row order in a fused QKV or gate/up tensor, a layer left
 at the previous version, a few scrambled values): those are self-consistent bytes of another model.
 Only the engine-vs-trainer log-prob agreement on the same tokens sees them (rollout/logprob_check.py
-measures it; loop/probe.py runs it on every publication before the engines serve it).
+measures it; loop/placement/probe.py runs it on every publication before the engines serve it).
 
 How far apart two correct implementations may be depends on the arithmetic both run in, so the
 thresholds are per pair of (trainer parameter dtype, engine dtype), each the clean floor measured here
@@ -172,16 +172,14 @@ def agreement_problems(cfg) -> list:
     return out
 
 
-def guard(cfg) -> dict:
-    """How the recipe's publications are guarded, for `validate`: the thresholds in force, the probe,
-    what a disagreement does, and why (if so) a faulty version could serve unchecked."""
-    ro = cfg.rollout
+def guard(run) -> dict:
+    """How a resolved run's publications are guarded (run/resolve.py `Run`), for `validate`: the
+    thresholds in force, the probe, what a disagreement does, and why (if so) a faulty version could
+    serve unchecked."""
+    ro = run.recipe.rollout
     out: dict = {"action": ro.on_logprob_disagreement}
-    try:
-        out["thresholds"] = thresholds_of(cfg).as_dict()
-    except KeyError:
-        out["thresholds"] = None
-    out["probe"] = dict(zip(("sequences", "tokens"), probe_shape(cfg)))
+    out["thresholds"] = run.thresholds.as_dict() if run.thresholds is not None else None
+    out["probe"] = dict(zip(("sequences", "tokens"), run.probe))
     unguarded = []
     if ro.logprob_probe_prompts == 0:
         unguarded.append(

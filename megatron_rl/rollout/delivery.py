@@ -9,8 +9,8 @@ Both overwrite every engine weight at every step. What the engine does with its 
 sleeps follows from that: level 1 copies them to pinned host memory and back (17.6 GB per GPU at
 70B, each way, each step) only for the publication to overwrite them, so in-place delivery sleeps
 at level 2 (discard). Loader delivery keeps level 1: it runs where sleep frees nothing anyway.
-The price of level 2: a refused publication leaves no version to serve (loop/publication.py), so
-`rollout.on_refused_publication=skip` needs level 1 (the recipe check, megatron_rl/check.py, refuses it at level 2).
+The price of level 2: a refused publication leaves no version to serve (loop/placement/publication.py), so
+`rollout.on_refused_publication=skip` needs level 1 (the recipe check, megatron_rl/check/recipe.py, refuses it at level 2).
 
 Pure (no torch): the planner reads the same rule the loop applies.
 """

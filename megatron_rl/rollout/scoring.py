@@ -1,6 +1,6 @@
 """The engine's own log-probs of given token sequences: a prefill, no sampling.
 
-For the log-prob probe of a publication (loop/probe.py): every position t > 0 of a sequence is scored
+For the log-prob probe of a publication (loop/placement/probe.py): every position t > 0 of a sequence is scored
 from tokens [0, t), the same alignment as the trainer's teacher-forced log-probs with a one-token
 prompt. vLLM computes prompt log-probs from the raw logits in every `logprobs_mode` (no temperature, no
 top-p: its sampling processors do not apply to prompt tokens), so the trainer scores them at

@@ -8,7 +8,7 @@ arrived whole on every engine rank and passed validation; only `activate` writes
   the live parameters by `VLLMEngine.update_weights_inplace`.
 Both reset the prefix cache. The staged copy is dropped once activated or discarded.
 
-`keep_previous` (the log-prob probe is on, loop/probe.py): activation keeps what the engine served
+`keep_previous` (the log-prob probe is on, loop/placement/probe.py): activation keeps what the engine served
 before until the probe's verdict, so a refused probe can put it back (`roll_back`):
 - loader: the sink keeps the tensors of the version it activated last (whole HF tensors, one copy of the
   model where the staged copy lived), and a roll-back reloads them;

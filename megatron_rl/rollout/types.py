@@ -78,7 +78,7 @@ class Sample:
     engine's `logprobs_mode` (see rollout/sampling.py). `truncated` is True when the engine stopped
     the sample at its length cap (finish reason "length"), not when it merely ended there.
     `reward` and `status` are left at their defaults by the engine and set by the loop once the
-    reward pool has scored the sample (loop/collect.py); `status` is then one of reward/result.py's
+    reward pool has scored the sample (loop/step/collect.py); `status` is then one of reward/result.py's
     STATUSES, and "" means not scored yet.
 
     `version` is the policy version of the sample's first token (its oldest). `token_versions` is None

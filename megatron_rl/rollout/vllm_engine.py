@@ -21,7 +21,7 @@ Sleep: the GPU build frees memory (level 1 offloads weights to host, level 2 dis
 cache is dropped at both; the level follows the publication's delivery, rollout/delivery.py);
 wake_up brings back "weights" then "kv_cache", so a publication can land between the two without
 the KV cache occupying memory. After a level-2 sleep the engine serves nothing until a publication
-lands (`holds_weights` is False; loop/publication.py), and that publication must write every
+lands (`holds_weights` is False; loop/placement/publication.py), and that publication must write every
 parameter (`uncovered_params`). The CPU build has no sleep mode: `sleep()`
 logs that and returns False; nothing is freed there and nothing pretends to be.
 
@@ -41,6 +41,7 @@ import torch
 
 from megatron_rl.models.dtypes import hf_dtype_name
 from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
+from megatron_rl.rollout.engine_rules import engine_problems
 from megatron_rl.rollout.moe_reload import repack_if_left_raw
 from megatron_rl.rollout.process import make_shm_names_job_unique, prepare_env, preserved_rng
 from megatron_rl.rollout.routes import EngineRoutes
@@ -106,10 +107,14 @@ class VLLMEngine:
         checkpoint_stop_ids: Sequence[int] = (),
         record_routes: bool = False,
         expert_parallel: bool = False,
+        sampling: SamplingSettings | None = None,
+        sleep_level: int | None = None,
     ):
-        """`checkpoint_stop_ids`: the end ids of the model's checkpoint (models/checkpoint.py
-        `stop_token_ids`), stopped at besides `cfg.stop_token_ids`. The caller reads them once: the
-        engine's own directory may hold config.json alone, and vLLM, given no tokenizer, knows no eos."""
+        """`sampling`: how completions are drawn, with every end id (the run's: run/resolve.py); without
+        it, the recipe's `cfg` sampling stopping also at `checkpoint_stop_ids`, the end ids of the model's
+        checkpoint (models/checkpoint.py `stop_token_ids`): the engine's own directory may hold
+        config.json alone, and vLLM, given no tokenizer, knows no eos. `sleep_level`: the run's; without
+        it, the one this engine's delivery calls for (rollout/delivery.py)."""
         import torch.distributed as dist
 
         if cfg.logprobs_mode not in LOGPROBS_MODES:
@@ -124,29 +129,23 @@ class VLLMEngine:
             )
         self.cfg = cfg
         self.tp = tp
-        self.sampling = SamplingSettings.from_config(cfg, checkpoint_stop_ids)
+        self.sampling = sampling or SamplingSettings.from_config(cfg, checkpoint_stop_ids)
         self.logprobs_mode = cfg.logprobs_mode
         self.on_gpu = torch.cuda.is_available()
         # Every publication overwrites the weights: the delivery decides whether sleeping keeps them.
-        self.sleep_level = sleep_level_for(cfg.sleep_level, delivery_for(self.on_gpu))
+        self.sleep_level = sleep_level or sleep_level_for(cfg.sleep_level, delivery_for(self.on_gpu))
         self.seed = seed
         self.max_model_len = _max_model_len(model_dir, max_model_len)
         self.num_experts = _num_experts(model_dir)
         self.experts_repacked = 0  # layers whose reloaded experts vLLM's CPU build left unpacked
         # Routing replay (algorithm.routing_replay): each sample carries the experts it was routed to.
         self.routes = None
+        wrong = engine_problems(self.on_gpu, self.num_experts, tp, expert_parallel, record_routes)
+        if wrong:  # the rule `validate` applied to the recipe (rollout/engine_rules.py)
+            raise ValueError("; ".join(f"{key} {message}" for key, message in wrong))
         if record_routes:
-            if not self.num_experts:
-                raise ValueError("record_routes needs a mixture-of-experts model; this one is dense")
             config = json.loads((model_dir / "config.json").read_text())
             self.routes = EngineRoutes(config, self.on_gpu, self.max_model_len)
-        if expert_parallel and not self.on_gpu:
-            raise ValueError("expert-parallel engines (layout.engine_ep) are a GPU feature of vLLM")
-        if self.num_experts and not self.on_gpu and tp > 1:
-            raise ValueError(
-                "a mixture-of-experts engine on the CPU build runs at TP 1 (rollout/moe_reload.py repacks whole "
-                "experts after each publication); use more engines instead"
-            )
         prepare_env()
 
         kwargs: dict = dict(
@@ -446,7 +445,7 @@ class VLLMEngine:
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, inplace: bool = False
     ) -> None:
         """Serve an earlier version again: its tensors, as `update_weights` (or, `inplace`, as
-        `update_weights_inplace`) takes them. The publication after it was refused (loop/probe.py)."""
+        `update_weights_inplace`) takes them. The publication after it was refused (loop/placement/probe.py)."""
         if self._streaming:
             raise RuntimeError("restore_weights() while a generation stream is open")
         if inplace:

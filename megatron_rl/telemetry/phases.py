@@ -31,7 +31,7 @@ PHASES = (
     "train_fwd_bwd",
     "optimizer",
     "publish",
-    "probe",  # the log-prob probe of each publication, before it serves (loop/probe.py)
+    "probe",  # the log-prob probe of each publication, before it serves (loop/placement/probe.py)
 )
 GIB = 2**30
 
@@ -117,7 +117,7 @@ class PhaseTimer:
 
     def add(self, name: str, seconds: float, mem_gib: float = 0.0) -> None:
         """Count seconds (and a peak) measured elsewhere in this step's phase `name`: a separated job's
-        trainer records the engines' generation and scoring, which ran on the engine ranks (loop/feed.py)."""
+        trainer records the engines' generation and scoring, which ran on the engine ranks (loop/placement/feed.py)."""
         s = self.stats.setdefault(name, PhaseStats())
         s.seconds += seconds
         s.calls += 1

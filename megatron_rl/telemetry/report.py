@@ -6,12 +6,12 @@ mean, p50 and max columns and the shares cover the steps after it (all steps whe
 
 Idle time, per step:
   longest completion  batch-slot seconds the engine spent with finished samples' slots empty, waiting
-                      on the longest completion (`generation.tail_s`; see loop/summary.py)
+                      on the longest completion (`generation.tail_s`; see loop/record/summary.py)
   reward pool         the `scoring` phase: scoring still running after generation ended
   switch              handing the device between trainer and engine (offload, sleep, wake)
   publication         the `publish` phase: new weights resharded into the engines, and the `probe`
                       phase: the engines' and the trainer's log-probs of a fixed probe, compared
-                      before the version serves (loop/probe.py; "publication guard" sums it up)
+                      before the version serves (loop/placement/probe.py; "publication guard" sums it up)
 MFU counts the trainer's model FLOPs (forward, backward and log-prob passes) over the whole step,
 against `cluster.peak_tflops_bf16` per device from the recipe.
 """
@@ -243,7 +243,7 @@ def phase_lines(s: dict) -> list[str]:
 
 
 def guard_summary(records: list[dict], step_s: float) -> dict | None:
-    """The log-prob probe of the run's publications (loop/probe.py): how many, how many it refused, what
+    """The log-prob probe of the run's publications (loop/placement/probe.py): how many, how many it refused, what
     its phase took per step (the slowest rank's, after the first step) and how close the clean versions
     came to the thresholds."""
     probes = [(r["step"], _get(r, "publication", "probe")) for r in records]

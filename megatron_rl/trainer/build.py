@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from megatron_rl.models.spec import ModelSpec
 from megatron_rl.trainer.hf_import import load_hf_into
 from megatron_rl.trainer.parallel import ParallelState
 from megatron_rl.trainer.policy import OptimSettings, Policy
@@ -31,12 +30,13 @@ def optim_settings(recipe) -> OptimSettings:
 
 
 def build_policy(
-    recipe, state: ParallelState, with_optimizer: bool = True, import_weights: bool = True
+    run, state: ParallelState, with_optimizer: bool = True, import_weights: bool = True
 ) -> Policy:
-    """The trainer's policy at the recipe's layout: HF weights when `model.hf_checkpoint` is set,
-    megatron-core's seeded initialisation otherwise (the tiny recipe trains from scratch).
-    `import_weights=False` skips the HF read when a checkpoint of our own fills the model next."""
-    spec = ModelSpec.from_config(recipe.model)
+    """The trainer's policy at the run's layout (`run`: the resolved run, run/resolve.py, whose spec is
+    the model's): HF weights when `model.hf_checkpoint` is set, megatron-core's seeded initialisation
+    otherwise (the tiny recipe trains from scratch). `import_weights=False` skips the HF read when a
+    checkpoint of our own fills the model next."""
+    recipe, spec = run.recipe, run.spec
     policy = Policy(
         spec,
         state,
@@ -58,11 +58,12 @@ def build_policy(
     return policy
 
 
-def frozen_copy(policy: Policy, recipe, state: ParallelState) -> Policy:
+def frozen_copy(policy: Policy, run, state: ParallelState) -> Policy:
     """The reference: same layout, same weights as `policy` now, no optimizer, never updated.
 
     With `algorithm.reference=offload` its weights wait in host memory and come to the device only
     for the reference log-probs (the planner counts the choice: plan/memory.py)."""
+    recipe = run.recipe
     ref = Policy(
         policy.spec,
         state,

@@ -322,7 +322,7 @@ def compute_device() -> torch.device:
 
 
 def declare_cpu_group(group) -> None:
-    """A gloo group made without `dist.new_group` (loop/pools.py's job group): checked as a CPU group."""
+    """A gloo group made without `dist.new_group` (loop/placement/pools.py's job group): checked as a CPU group."""
     if _INSTALLED and group is not None:
         _CPU_GROUPS[id(group)] = group
 

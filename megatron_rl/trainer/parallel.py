@@ -26,8 +26,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from megatron_rl.dist_env import DistEnv, from_env
-from megatron_rl.layout import ExpertCoord, ParallelLayout, TrainerCoord
+from megatron_rl.parallel.dist_env import DistEnv, from_env
+from megatron_rl.parallel.layout import ExpertCoord, ParallelLayout, TrainerCoord
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def init_parallel(
 ) -> ParallelState:
     """Initialise torch.distributed (if not yet) and megatron-core's model-parallel groups at `layout`.
 
-    `pool_env`: a separated job's trainer pool (loop/pools.py), whose default world is already up and
+    `pool_env`: a separated job's trainer pool (loop/placement/pools.py), whose default world is already up and
     holds the trainer ranks alone; megatron-core's groups are then built inside it."""
     from megatron_rl.trainer import device_guard
     from megatron_rl.trainer.cpu_compat import apply_cpu_patches, cuda_available
@@ -124,7 +124,7 @@ def init_parallel(
     if not dist.is_initialized():
         if not layout.colocated:
             raise RuntimeError(
-                "a separated layout's trainer pool is made by loop/pools.py (start_pools) before init_parallel"
+                "a separated layout's trainer pool is made by loop/placement/pools.py (start_pools) before init_parallel"
             )
         dist.init_process_group(
             backend="nccl" if on_gpu else "gloo",

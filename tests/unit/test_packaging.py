@@ -71,7 +71,7 @@ def test_the_gpu_extra_pins_transformer_engine_inside_megatron_cores_tested_rang
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    from megatron_rl.machine import TE_INSTALL, requirement_of
+    from megatron_rl.system.machine import TE_INSTALL, requirement_of
 
     extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
     (ours,) = [Requirement(r) for r in extra if Requirement(r).name == "transformer-engine"]

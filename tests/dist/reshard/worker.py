@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.reshard.convert import bytes_equal, engine_layouts, to_hf
 from megatron_rl.reshard.plan import Links
 from megatron_rl.reshard.publish import InMemorySink, Publisher

@@ -59,7 +59,7 @@ def reinit(tp: int, pp: int, ep: int = 1, etp: int = 1, sequence_parallel: bool 
     """Re-create megatron's model-parallel groups at another layout in the same processes."""
     from megatron.core import parallel_state as ps
 
-    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.trainer.parallel import init_parallel, launched_world
 
     ps.destroy_model_parallel()

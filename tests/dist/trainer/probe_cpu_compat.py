@@ -37,8 +37,8 @@ def main() -> None:
         model_parallel_cuda_manual_seed(1)
         ok(stage)
         stage = "build"
-        from megatron_rl.dist_env import from_env
-        from megatron_rl.layout import ParallelLayout
+        from megatron_rl.parallel.dist_env import from_env
+        from megatron_rl.parallel.layout import ParallelLayout
         from megatron_rl.trainer.parallel import ParallelState
         from megatron_rl.trainer.policy import OptimSettings, Policy
         from tests.helpers.specs import QWEN2_TINY

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from megatron_rl.check import ConfigError, validate_recipe
+from megatron_rl.check.recipe import ConfigError, validate_recipe
 from megatron_rl.config.load import load_recipe
 from tests.helpers.launch import free_port, run_worker
 

@@ -46,7 +46,7 @@ def _try(fn) -> str:
 
 def main() -> None:
     from megatron_rl.checkpoint.save import Checkpointer
-    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.trainer.parallel import init_parallel, launched_world
 
     state = init_parallel(ParallelLayout.over(launched_world(), 1, 1))

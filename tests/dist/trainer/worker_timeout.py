@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.config.load import load_recipe
-from megatron_rl.loop.run import start_run
+from megatron_rl.run import resolve
+from megatron_rl.loop.record.start import start_run
 
 
 def _timeout_s(group) -> float:
@@ -30,7 +31,7 @@ def main() -> None:
             f"logger.run_dir={run_dir}",
         ],
     )
-    procs, _ = start_run(recipe)
+    procs, _ = start_run(resolve(recipe))  # the run resolved once (run/resolve.py)
     from megatron.core import parallel_state as ps
 
     out = {

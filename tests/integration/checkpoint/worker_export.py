@@ -16,14 +16,14 @@ def main() -> None:
 
     from megatron_rl.checkpoint.export import write_hf
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.run import resolve
     from megatron_rl.trainer.build import build_policy
     from megatron_rl.trainer.parallel import init_parallel
 
     ckpt, out, overrides = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
-    recipe = load_recipe("grpo_tiny_cpu", overrides)
-    state = init_parallel(ParallelLayout.from_config(recipe.layout), seed=recipe.seed)
-    policy = build_policy(recipe, state, with_optimizer=False)
+    run = resolve(load_recipe("grpo_tiny_cpu", overrides))
+    state = init_parallel(run.layout, seed=run.recipe.seed)
+    policy = build_policy(run, state, with_optimizer=False)
     loaded = dist_checkpointing.load({"model": policy.model.sharded_state_dict()}, str(ckpt / "dist"))
     policy.model.load_state_dict(loaded["model"])
     write_hf(policy, out / "hf")

@@ -56,8 +56,8 @@ def main() -> None:
     from megatron_rl.checkpoint.resume import find, load
     from megatron_rl.checkpoint.save import Checkpointer
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.layout import ParallelLayout
     from megatron_rl.models.spec import ModelSpec
+    from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.trainer.parallel import init_parallel, launched_world
     from megatron_rl.trainer.policy import OptimSettings, Policy
 

@@ -1,5 +1,5 @@
 """A recipe on a GPU cluster, on this machine without CUDA: refused before anything is built, in one line
-that names the cluster, torch's CUDA build and the likely cause, with exit 2 (megatron_rl/doctor.py's rule),
+that names the cluster, torch's CUDA build and the likely cause, with exit 2 (megatron_rl/cli/doctor.py's rule),
 by `launch_local` (no rank starts) and by the driver itself. CPU clusters are unaffected (every other launch
 test). The sbatch path: tests/integration/slurm/test_slurm_launch.py."""
 
@@ -35,7 +35,7 @@ def _assert_refused(proc: subprocess.CompletedProcess, tmp_path) -> None:
 
 
 def test_launch_local_refuses_a_gpu_cluster_before_any_rank_starts(tmp_path):
-    proc = _run("megatron_rl.launch_local", "grpo_tiny_hf_cpu", tmp_path)
+    proc = _run("megatron_rl.cli.launch_local", "grpo_tiny_hf_cpu", tmp_path)
     _assert_refused(proc, tmp_path)
     assert "torchrun" not in proc.stdout + proc.stderr and "[rank" not in proc.stdout + proc.stderr
 

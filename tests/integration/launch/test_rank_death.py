@@ -38,7 +38,7 @@ def test_a_rank_killed_by_sigsegv_keeps_its_last_lines(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(textwrap.dedent(RANK))
     log = tmp_path / "run" / "log.txt"
-    cmd = [sys.executable, "-m", "megatron_rl.launch_torchrun", "--nproc-per-node", "2"]
+    cmd = [sys.executable, "-m", "megatron_rl.cli.launch_torchrun", "--nproc-per-node", "2"]
     cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "MEGATRON_RL_LOG": str(log)}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=180)

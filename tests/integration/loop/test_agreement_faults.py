@@ -1,6 +1,6 @@
 """Conversion faults the checksums cannot see, injected into real runs' publications (reshard/faults.py):
 on the colocated, separated and MoE paths, every faulty version is refused by the log-prob probe before
-it serves (loop/probe.py), the version before it keeps serving, and the clean versions after it activate;
+it serves (loop/placement/probe.py), the version before it keeps serving, and the clean versions after it activate;
 a clean HF-fixture run with a bf16 engine raises no alarm (fp32 clean runs: test_tiny_loop, test_hf_path,
 test_tiny_moe and test_separated assert the same of theirs).
 

@@ -38,7 +38,7 @@ def run(tmp_path_factory):
         "logger.wandb=false",
         "logger.progress=false",
     ]
-    cmd = [sys.executable, "-m", "megatron_rl.launch_local", "grpo_tiny_hf_cpu", *overrides]
+    cmd = [sys.executable, "-m", "megatron_rl.cli.launch_local", "grpo_tiny_hf_cpu", *overrides]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     records = [json.loads(line) for line in (tmp / "outputs" / "hf" / "steps.jsonl").read_text().splitlines()]

@@ -5,7 +5,7 @@ refusals in a row) ends the run with a message that names the tensors.
 The divergence is a real one from a valid recipe (the recipe check refuses optim.lr above 10): at
 optim.lr=10 the first update leaves huge but finite weights, whose bytes publish whole but whose
 log-probs the engines and the trainer no longer agree on (thousands of nats apart, or none comparable):
-the log-prob probe (loop/probe.py) refuses the version before it serves; the next forward overflows, its
+the log-prob probe (loop/placement/probe.py) refuses the version before it serves; the next forward overflows, its
 gradients are NaN, and from then on the weights are NaN, which the manifest's check refuses."""
 
 import pytest

@@ -18,8 +18,8 @@ import torch
 
 from megatron_rl.config.load import load_recipe
 from megatron_rl.data.synthetic import ArithmeticTask
-from megatron_rl.loop.carry import carry_from_record, carry_record
-from megatron_rl.loop.collect import collect_batch
+from megatron_rl.loop.step.carry import carry_from_record, carry_record
+from megatron_rl.loop.step.collect import collect_batch
 from megatron_rl.reward.pool import RewardPool
 from megatron_rl.rollout.vllm_engine import VLLMEngine
 from megatron_rl.telemetry.phases import PhaseTimer

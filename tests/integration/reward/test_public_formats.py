@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from megatron_rl.config.schema import RewardConfig
-from megatron_rl.data.extract import compose_program
 from megatron_rl.data.problems import load_problems
+from megatron_rl.reward.extract import compose_program
 from megatron_rl.reward.pool import RewardPool
 from megatron_rl.reward.sandbox import find_bwrap
 from tests.helpers import public_sets as sets

@@ -14,8 +14,9 @@ from hacking_cases import Case
 from hacking_cases_round2 import CASES as ROUND2
 
 from megatron_rl.config.schema import RewardConfig
-from megatron_rl.data.problems import Problem, load_problems
+from megatron_rl.data.problems import load_problems
 from megatron_rl.reward.pool import RewardPool
+from megatron_rl.reward.problem import Problem
 from megatron_rl.reward.sandbox import find_bwrap
 
 CASES = ROUND1 + ROUND2

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from megatron_rl.reward.cli import main
+from megatron_rl.cli.score import main
 from megatron_rl.reward.sandbox import find_bwrap
 
 pytestmark = pytest.mark.skipif(

@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from megatron_rl.config.schema import RewardConfig
-from megatron_rl.data.problems import Problem
 from megatron_rl.reward.pool import RewardPool
+from megatron_rl.reward.problem import Problem
 from megatron_rl.reward.sandbox import find_bwrap
 
 pytestmark = pytest.mark.skipif(

@@ -6,8 +6,9 @@ import time
 import pytest
 
 from megatron_rl.config.schema import RewardConfig
-from megatron_rl.data.problems import Problem, load_problems
+from megatron_rl.data.problems import load_problems
 from megatron_rl.reward.pool import RewardPool
+from megatron_rl.reward.problem import Problem
 from megatron_rl.reward.sandbox import Sandbox, SandboxLimits, SandboxUnavailable, find_bwrap
 
 pytestmark = pytest.mark.skipif(

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
+from megatron_rl.cli.score import main
 from megatron_rl.config.schema import RewardConfig
-from megatron_rl.data.problems import Problem
-from megatron_rl.reward.cli import main
 from megatron_rl.reward.pool import RewardPool
+from megatron_rl.reward.problem import Problem
 from megatron_rl.reward.sandbox import find_bwrap
 from megatron_rl.reward.stdio import same_output
 

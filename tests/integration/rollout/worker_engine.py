@@ -15,9 +15,9 @@ import time
 
 import torch
 
+from megatron_rl.loop.placement.timeshare import TimeShare
 from megatron_rl.rollout.process import make_shm_names_job_unique
 from megatron_rl.rollout.sampling import apply_sampling_convention
-from megatron_rl.rollout.timeshare import TimeShare
 from megatron_rl.rollout.types import SamplingSettings
 from megatron_rl.rollout.vllm_engine import VLLMEngine
 from megatron_rl.rollout.weights import group_fused

@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from megatron_rl.rollout.timeshare import memory_snapshot, offload_trainer, restore_trainer
+from megatron_rl.loop.placement.timeshare import memory_snapshot, offload_trainer, restore_trainer
 from megatron_rl.rollout.types import SamplingSettings
 from megatron_rl.rollout.vllm_engine import VLLMEngine
 from tests.integration.rollout.cases import SPEC, peaky_hf_state, rollout_cfg
@@ -115,8 +115,8 @@ def trainer_checks(r, st):
 
 
 def main():
-    from megatron_rl.layout import ParallelLayout
     from megatron_rl.models.precision import strict_fp32
+    from megatron_rl.parallel.layout import ParallelLayout
 
     strict_fp32()  # fp32 engine vs fp32 HF at 1e-4: no TF32 (cuBLAS, torch, Triton), before CUDA starts
     from megatron_rl.trainer.parallel import init_parallel, launched_world

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_rl.layout import ParallelLayout
-from megatron_rl.loop.probe import Prober, probe_sequences
-from megatron_rl.loop.publication import RefusalPolicy
+from megatron_rl.loop.placement.probe import Prober, probe_sequences
+from megatron_rl.loop.placement.publication import RefusalPolicy
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.reshard.faults import FaultInjector
 from megatron_rl.reshard.publish import Publisher
 from megatron_rl.rollout.agreement import thresholds_for

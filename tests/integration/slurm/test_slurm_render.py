@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from megatron_rl.config.load import load_recipe, shipped_recipes
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 
 pytestmark = pytest.mark.slurm
 

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from megatron_rl.checkpoint.cli import main as ckpt_main
 from megatron_rl.checkpoint.integrity import (
     MANIFEST,
     NoSpaceError,
@@ -34,6 +33,7 @@ from megatron_rl.checkpoint.store import (
     replace_into_place,
     step_dir,
 )
+from megatron_rl.cli.ckpt import main as ckpt_main
 from tests.helpers.launch import REPO
 
 
@@ -325,7 +325,7 @@ def test_a_fresh_start_over_an_earlier_runs_checkpoints_is_refused(earlier_run, 
 
 
 def test_train_refuses_it_at_start_up_before_anything_is_built(earlier_run, tmp_path, monkeypatch):
-    import megatron_rl.loop.processes as processes_mod
+    import megatron_rl.loop.placement.processes as processes_mod
     from megatron_rl import train
 
     root, args = earlier_run
@@ -342,7 +342,7 @@ def test_train_refuses_it_at_start_up_before_anything_is_built(earlier_run, tmp_
 
 
 def test_validate_says_it_too(earlier_run, capsys):
-    from megatron_rl.config.cli import validate
+    from megatron_rl.cli.recipes import validate
 
     root, args = earlier_run
     assert validate(args) == 1

@@ -8,8 +8,8 @@ import typing
 
 import pytest
 
-from megatron_rl.check import check_recipe, refused
-from megatron_rl.check_ranges import ENUMS, NUMERIC
+from megatron_rl.check.ranges import ENUMS, NUMERIC
+from megatron_rl.check.recipe import check_recipe, refused
 from megatron_rl.config import schema
 from megatron_rl.config.load import load_recipe
 
@@ -36,7 +36,7 @@ def test_every_numeric_key_of_the_schema_has_a_range():
     keys = _numeric_keys(schema.RecipeConfig)
     assert len(keys) > 60, keys  # the walk found the schema
     missing = [k for k in keys if k not in NUMERIC and k not in ENUMS and k not in CONVENTION]
-    assert missing == [], f"give these a range in megatron_rl/check_ranges.py NUMERIC: {missing}"
+    assert missing == [], f"give these a range in megatron_rl/check/ranges.py NUMERIC: {missing}"
     stale = [k for k in NUMERIC if k not in keys]
     assert stale == [], f"NUMERIC names keys the schema does not have: {stale}"
     unbounded = [k for k, (_, hi, _, _) in NUMERIC.items() if hi is None]
@@ -162,7 +162,7 @@ def test_async_without_an_off_policy_correction_is_refused():
 
 
 def test_missing_files_are_refused_by_the_driver_and_noted_by_validate(tmp_path):
-    from megatron_rl.check import notes
+    from megatron_rl.check.recipe import notes
 
     recipe = load_recipe(
         "grpo_tiny_cpu", [f"model.hf_checkpoint={tmp_path}/nope", f"data.source={tmp_path}/none.jsonl"]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from megatron_rl.check import check_recipe, notes, refused
+from megatron_rl.check.recipe import check_recipe, notes, refused
 from megatron_rl.config.load import load_recipe
 from megatron_rl.config.schema import ModelConfig
 from megatron_rl.models.resolve import COMPARED, fields_from_config, resolve_model

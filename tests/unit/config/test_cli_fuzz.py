@@ -15,7 +15,7 @@ import traceback
 
 import pytest
 
-from megatron_rl.check_ranges import NUMERIC
+from megatron_rl.check.ranges import NUMERIC
 from megatron_rl.cli import main
 
 VALUES = [

@@ -2,8 +2,8 @@
 
 import pytest
 
-from megatron_rl.dist_env import first_host, from_env
-from megatron_rl.layout import ParallelLayout, TrainerCoord
+from megatron_rl.parallel.dist_env import first_host, from_env
+from megatron_rl.parallel.layout import ParallelLayout, TrainerCoord
 
 
 def test_trainer_rank_order_matches_megatron():

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from megatron_rl.check import check_recipe, refused
+from megatron_rl.check.recipe import check_recipe, refused
 from megatron_rl.config.load import load_recipe
-from megatron_rl.layout import ExpertCoord, ParallelLayout
-from megatron_rl.layout_rules import expert_problems
 from megatron_rl.models.resolve import CheckpointConfigError, fields_from_config
 from megatron_rl.models.spec import ModelSpec
 from megatron_rl.models.tiny import hf_config
+from megatron_rl.parallel.layout import ExpertCoord, ParallelLayout
+from megatron_rl.parallel.rules import expert_problems
 from tests.helpers.specs import QWEN3_MOE_TINY, QWEN3_TINY
 
 MOE = ["model.family=qwen3_moe", "model.num_experts=4", "model.moe_ffn_hidden_size=64", "model.moe_topk=2"]
@@ -177,7 +177,7 @@ def test_a_moe_checkpoint_fills_the_recipe(tmp_path):
 
 
 def test_expert_parallel_engines_need_experts_the_engine_tp_divides():
-    from megatron_rl.layout_rules import engine_problems
+    from megatron_rl.parallel.rules import engine_problems
 
     assert engine_problems(2, QWEN3_MOE_TINY, engine_ep=True) == []
     for tp in (3, 8):  # neither divides the 4 experts (nor the heads; each rule is named)

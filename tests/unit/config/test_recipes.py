@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.check import ConfigError, validate_recipe
+from megatron_rl.check.recipe import ConfigError, validate_recipe
 from megatron_rl.config.load import RECIPES_DIR, RecipeError, load_recipe, shipped_recipes
 
 EXPECTED_RECIPES = 8  # bump when a recipe is added: the glob below must find exactly these

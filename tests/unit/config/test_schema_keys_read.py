@@ -10,7 +10,7 @@ ignored (`optim.warmup_steps` was: range-checked, read nowhere).
 Keys read only on paths this test cannot run (the driver loop, the engine, the reward pool, the
 process groups) are listed in READ_ELSEWHERE with the function that reads them; the test checks that
 each function's source really reads that field. A selector whose only admitted value is the one
-behaviour there is (`ENUMS` in check_ranges.py holds one value: any other is refused) needs no reader.
+behaviour there is (`ENUMS` in check/ranges.py holds one value: any other is refused) needs no reader.
 A new schema key that nothing reads fails here.
 """
 
@@ -26,44 +26,46 @@ import pytest
 
 from megatron_rl.config.load import load_recipe
 from megatron_rl.config.schema import GROUPS, RecipeConfig
+from megatron_rl.plan.inputs import inputs_from_run
+from megatron_rl.run import resolve
 
 PACKAGE = Path(importlib.import_module("megatron_rl").__file__).parent
 NOT_EVIDENCE = {
-    PACKAGE / "check.py",
-    PACKAGE / "check_ranges.py",
-    PACKAGE / "check_files.py",
+    PACKAGE / "check/recipe.py",
+    PACKAGE / "check/ranges.py",
+    PACKAGE / "check/files.py",
     PACKAGE / "config" / "schema.py",
 }
 
 # key -> "module:function" that reads it, on a path that needs processes, an engine or a GPU.
 READ_ELSEWHERE = {
-    "model.fixture": "megatron_rl.launch_local:main",
-    "algorithm.advantage_std_norm": "megatron_rl.loop.rl_batch:advantages_with_kl",
-    "algorithm.clip_low": "megatron_rl.loop.rl_batch:grpo_loss_fn",
-    "algorithm.clip_high": "megatron_rl.loop.rl_batch:grpo_loss_fn",
+    "model.fixture": "megatron_rl.cli.launch_local:main",
+    "algorithm.advantage_std_norm": "megatron_rl.loop.step.rl_batch:advantages_with_kl",
+    "algorithm.clip_low": "megatron_rl.loop.step.rl_batch:grpo_loss_fn",
+    "algorithm.clip_high": "megatron_rl.loop.step.rl_batch:grpo_loss_fn",
     "algorithm.kl_estimator": "megatron_rl.train:main",
     "algorithm.kl_in_reward": "megatron_rl.train:main",
     "algorithm.loss_agg": "megatron_rl.train:main",
-    "algorithm.dynamic_sampling": "megatron_rl.loop.collect:collect_batch",
-    "algorithm.max_resample_rounds": "megatron_rl.loop.collect:collect_batch",
-    "algorithm.overlong": "megatron_rl.loop.rl_batch:shaped_rewards",
-    "algorithm.overlong_penalty_tokens": "megatron_rl.loop.rl_batch:shaped_rewards",
-    "algorithm.truncated_is_cap": "megatron_rl.loop.rl_batch:grpo_loss_fn",
+    "algorithm.dynamic_sampling": "megatron_rl.loop.step.collect:collect_batch",
+    "algorithm.max_resample_rounds": "megatron_rl.loop.step.collect:collect_batch",
+    "algorithm.overlong": "megatron_rl.loop.step.rl_batch:shaped_rewards",
+    "algorithm.overlong_penalty_tokens": "megatron_rl.loop.step.rl_batch:shaped_rewards",
+    "algorithm.truncated_is_cap": "megatron_rl.loop.step.rl_batch:grpo_loss_fn",
     "algorithm.routing_replay": "megatron_rl.trainer.build:build_policy",
-    "rollout.max_staleness": "megatron_rl.loop.schedule:staleness",
-    "rollout.oversample": "megatron_rl.loop.collect:collect_batch",
-    "rollout.partial": "megatron_rl.loop.collect:collect_batch",
-    "rollout.partial_max_cuts": "megatron_rl.loop.collect:collect_batch",
+    "rollout.max_staleness": "megatron_rl.parallel.schedule:staleness",
+    "rollout.oversample": "megatron_rl.loop.step.collect:collect_batch",
+    "rollout.partial": "megatron_rl.loop.step.collect:collect_batch",
+    "rollout.partial_max_cuts": "megatron_rl.loop.step.collect:collect_batch",
     "rollout.stop_token_ids": "megatron_rl.rollout.vllm_engine:VLLMEngine",
     "rollout.enforce_eager": "megatron_rl.rollout.vllm_engine:VLLMEngine",
-    "rollout.on_logprob_disagreement": "megatron_rl.loop.components:build_refusals",
+    "rollout.on_logprob_disagreement": "megatron_rl.loop.step.components:build_refusals",
     "rollout.logprob_max_gap": "megatron_rl.rollout.agreement:thresholds_of",
     "rollout.logprob_mean_gap": "megatron_rl.rollout.agreement:thresholds_of",
-    "rollout.logprob_probe_prompts": "megatron_rl.loop.components:probing",
+    "rollout.logprob_probe_prompts": "megatron_rl.rollout.agreement:probe_shape",
     "rollout.logprob_probe_tokens": "megatron_rl.rollout.agreement:probe_shape",
     "rollout.dtype": "megatron_rl.rollout.agreement:dtypes_of",
-    "rollout.on_refused_publication": "megatron_rl.loop.components:build_refusals",
-    "rollout.max_refused_publications": "megatron_rl.loop.components:build_refusals",
+    "rollout.on_refused_publication": "megatron_rl.loop.step.components:build_refusals",
+    "rollout.max_refused_publications": "megatron_rl.loop.step.components:build_refusals",
     # ProblemTask (every source but synthetic) needs the model's tokenizer, which the tiny recipe lacks.
     "data.shuffle": "megatron_rl.data.task:ProblemTask",
     "data.columns": "megatron_rl.data.task:ProblemTask",
@@ -71,30 +73,30 @@ READ_ELSEWHERE = {
     "reward.function": "megatron_rl.reward.pool:RewardPool",
     "reward.mode": "megatron_rl.reward.pool:RewardPool",
     "reward.unsafe_local": "megatron_rl.reward.pool:RewardPool",
-    "reward.workers": "megatron_rl.loop.components:build_reward_pool",
+    "reward.workers": "megatron_rl.loop.step.components:build_reward_pool",
     "reward.timeout_s": "megatron_rl.reward.pool:RewardPool",
     "reward.memory_mb": "megatron_rl.reward.pool:RewardPool",
-    "checkpoint.dir": "megatron_rl.loop.components:build_checkpointer",
-    "checkpoint.keep_last": "megatron_rl.loop.components:build_checkpointer",
-    "checkpoint.keep_every": "megatron_rl.loop.components:build_checkpointer",
-    "checkpoint.resume": "megatron_rl.loop.components:resume",
-    "logger.wandb": "megatron_rl.loop.records:RunLog",
-    "logger.project": "megatron_rl.loop.records:RunLog",
-    "logger.group": "megatron_rl.loop.records:RunLog",
-    "logger.run_dir": "megatron_rl.loop.run:start_run",
-    "logger.progress": "megatron_rl.loop.records:RunLog",
-    "cluster.dist_timeout_s": "megatron_rl.loop.processes:Processes",
+    "checkpoint.dir": "megatron_rl.loop.step.components:build_checkpointer",
+    "checkpoint.keep_last": "megatron_rl.loop.step.components:build_checkpointer",
+    "checkpoint.keep_every": "megatron_rl.loop.step.components:build_checkpointer",
+    "checkpoint.resume": "megatron_rl.loop.step.components:resume",
+    "logger.wandb": "megatron_rl.loop.record.records:RunLog",
+    "logger.project": "megatron_rl.loop.record.records:RunLog",
+    "logger.group": "megatron_rl.loop.record.records:RunLog",
+    "logger.run_dir": "megatron_rl.loop.record.start:start_run",
+    "logger.progress": "megatron_rl.loop.record.records:RunLog",
+    "cluster.dist_timeout_s": "megatron_rl.loop.placement.processes:Processes",
     "optim.lr_schedule": "megatron_rl.trainer.build:optim_settings",
     "seed": "megatron_rl.train:main",
     "rollout.top_p": "megatron_rl.rollout.vllm_engine:VLLMEngine",
     "rollout.top_k": "megatron_rl.rollout.vllm_engine:VLLMEngine",
-    "rollout.seed": "megatron_rl.loop.components:build_engine",
+    "rollout.seed": "megatron_rl.loop.step.components:build_engine",
     "reward.kind": "megatron_rl.reward.pool:RewardPool",
 }
 
 
 def _single_choice() -> set[str]:
-    from megatron_rl.check_ranges import ENUMS
+    from megatron_rl.check.ranges import ENUMS
 
     return {k for k, allowed in ENUMS.items() if len(allowed) == 1}
 
@@ -124,27 +126,26 @@ def _recording(obj, prefix: str, reads: set[str]):
 
 def _consume(recipe) -> None:
     """What reads a recipe without processes, engines or GPUs."""
-    from megatron_rl.check import check_recipe
-    from megatron_rl.layout import ParallelLayout
-    from megatron_rl.loop import components
-    from megatron_rl.loop.run import header
+    from megatron_rl.check.recipe import check_recipe
+    from megatron_rl.cli.submit import request_from_recipe, sbatch_command
+    from megatron_rl.loop.record.start import header
+    from megatron_rl.loop.step import components
     from megatron_rl.models.spec import ModelSpec
     from megatron_rl.plan.cycle import cycle
-    from megatron_rl.plan.inputs import inputs_from_recipe
     from megatron_rl.plan.reliability import reliability
-    from megatron_rl.slurm_submit import request_from_recipe, sbatch_command
     from megatron_rl.trainer.build import optim_settings
 
     check_recipe(recipe)
-    inp, lay = inputs_from_recipe(recipe), ParallelLayout.from_config(recipe.layout)
+    run = resolve(recipe)  # the one place the layout, the spec, the sampling... are read (run/resolve.py)
+    inp, lay = inputs_from_run(run), run.layout
     reliability(inp, lay, cycle(inp, lay).step_s)
     ModelSpec.from_config(recipe.model)
     optim_settings(recipe)
     sbatch_command(request_from_recipe(recipe), recipe.name, [])
-    components.checkpoint_interval(recipe)
+    components.checkpoint_interval(run)
     components.trainer_temperature(recipe.rollout)
-    components.build_task(recipe)
-    header(recipe, Path("outputs"))
+    components.build_task(run)
+    header(run, Path("outputs"))
 
 
 @pytest.fixture(scope="module")

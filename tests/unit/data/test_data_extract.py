@@ -1,6 +1,6 @@
 import pytest
 
-from megatron_rl.data.extract import compose_program, extract_code, fenced_blocks
+from megatron_rl.reward.extract import compose_program, extract_code, fenced_blocks
 
 SOLUTION = "def f(x):\n    return x + 1\n"
 

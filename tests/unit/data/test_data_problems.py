@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from megatron_rl.data.problems import Problem, load_problem, load_problems
+from megatron_rl.data.problems import load_problem, load_problems
+from megatron_rl.reward.problem import Problem
 from megatron_rl.reward.testrunner import plan_tests
 
 

@@ -5,8 +5,8 @@ import pytest
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from megatron_rl.data.problems import Problem
 from megatron_rl.data.task import ProblemTask
+from megatron_rl.reward.problem import Problem
 
 WORDS = ["[UNK]", "<s>", "system", "user", "assistant", "be", "brief", "add", "two", "numbers", ":", "\n"]
 TEMPLATE = (

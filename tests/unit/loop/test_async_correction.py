@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from megatron_rl.loop.rl_batch import grpo_loss_fn, minibatch_extras
+from megatron_rl.loop.step.rl_batch import grpo_loss_fn, minibatch_extras
 from megatron_rl.rollout.types import Sample
 from megatron_rl.trainer.batch import make_microbatches
 

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from megatron_rl.data.synthetic import ArithmeticTask
-from megatron_rl.loop.carry import CarriedGroup, carry_from_record, carry_record, carry_split
-from megatron_rl.loop.collect import GroupQuota
+from megatron_rl.loop.step.carry import CarriedGroup, carry_from_record, carry_record, carry_split
+from megatron_rl.loop.step.collect import GroupQuota
 from megatron_rl.rollout.types import Partial, Sample
 
 
@@ -64,8 +64,8 @@ def test_the_carry_survives_its_checkpoint_form_exactly():
 
 
 def test_a_problem_carried_from_other_data_is_refused():
-    from megatron_rl.data.problems import Problem
     from megatron_rl.data.task import ProblemTask
+    from megatron_rl.reward.problem import Problem
 
     class Tok:
         chat_template = None
@@ -154,7 +154,7 @@ def test_carried_groups_are_served_before_new_ones_and_cannot_wait_forever():
     charged the cut even with nothing generated."""
     from types import SimpleNamespace as NS
 
-    from megatron_rl.loop.collect import CollectStats, generate_and_score
+    from megatron_rl.loop.step.collect import CollectStats, generate_and_score
     from megatron_rl.telemetry.phases import PhaseTimer
 
     task = ArithmeticTask(seed=1)

@@ -6,7 +6,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from megatron_rl.loop import feed as feed_mod
+from megatron_rl.loop.placement import feed as feed_mod
 
 
 def _cfg(partial=True, n=4, prompts=4, oversample=1.5, max_new=16):
@@ -44,6 +44,8 @@ def test_a_carry_is_refused_when_partial_rollouts_are_off_or_its_settings_change
 
 
 def _colocated_feed(monkeypatch, start=0):
+    from megatron_rl.loop.placement import colocated
+
     live = {"drawn": 0}
     task = NS(state=lambda: dict(live))
 
@@ -52,18 +54,11 @@ def _colocated_feed(monkeypatch, start=0):
         k["carry"][:] = [f"group cut by batch {live['drawn']}"]
         return [], NS(), 0
 
-    monkeypatch.setattr(feed_mod, "collect_batch", collect)
-    timeshare = NS(to_train=lambda: None)
-    run = NS(timer=None)
-    f = feed_mod.Feed(
-        _cfg(),
-        NS(job_cpu_group=None),
-        run,
-        None,
-        task,
-        None,
-        start,
-        colocated=(timeshare, None, 0, True, None),
+    monkeypatch.setattr(colocated, "collect_batch", collect)
+    side = colocated.EngineSide(NS(to_train=lambda: None), None, 0, True, None)
+    run = NS(recipe=_cfg(), staleness=0, spec=None, layout=NS(tp=1))
+    f = colocated.ColocatedFeed(
+        run, NS(job_cpu_group=None), NS(timer=None), None, task, None, start, None, None, side
     )
     monkeypatch.setattr(feed_mod, "carry_record", lambda carry, task: list(carry))
     return f

@@ -4,19 +4,17 @@ matched (both pools would hang until the process-group timeout)."""
 
 from types import SimpleNamespace as NS
 
-from megatron_rl.loop import feed as feed_mod
+from megatron_rl.loop.placement import feed as feed_mod
+from megatron_rl.loop.placement import separated
 
 
 def _feed(monkeypatch, steps, sent):
-    monkeypatch.setattr(feed_mod.dist, "broadcast_object_list", lambda box, src, group: None)
-    monkeypatch.setattr(feed_mod, "control", lambda procs, word: sent.append(word))
-    cfg = NS(
-        steps=steps,
-        layout=NS(placement="separated", synchrony="async"),
-        rollout=NS(max_staleness=1, partial=False),
-    )
+    monkeypatch.setattr(separated.dist, "broadcast_object_list", lambda box, src, group: None)
+    monkeypatch.setattr(separated, "control", lambda procs, word: sent.append(word))
+    cfg = NS(steps=steps, rollout=NS(max_staleness=1, partial=False))
+    run = NS(recipe=cfg, staleness=1, spec=None, layout=NS(tp=1))
     task = NS(state=lambda: {"drawn": 0})
-    return feed_mod.Feed(cfg, NS(job_cpu_group=None), NS(), None, task, None, 0, colocated=None)
+    return separated.SeparatedFeed(run, NS(job_cpu_group=None), NS(), None, task, None, 0)
 
 
 def test_stop_is_sent_before_the_last_step_and_not_after_it(monkeypatch):
@@ -35,9 +33,9 @@ def test_saved_task_state_never_moves_with_the_live_task(monkeypatch):
     f = _feed(monkeypatch, 5, sent)
     live = {"order": [3, 1, 2], "drawn": 0}
     f.task = NS(state=lambda: live)
-    f.run = NS(phase=lambda name: __import__("contextlib").nullcontext(), timer=NS(add=lambda *a: None))
+    f.log = NS(phase=lambda name: __import__("contextlib").nullcontext(), timer=NS(add=lambda *a: None))
     monkeypatch.setattr(
-        feed_mod,
+        separated,
         "collect_batch",
         lambda *a, **k: (live["order"].pop(), NS(generation_s=0.0, scoring_tail_s=0.0, mem_gib={}), 0),
     )

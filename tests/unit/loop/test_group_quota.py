@@ -1,6 +1,6 @@
 """rollout.oversample's rule: keep the first `keep` prompts whose n samples have all finished."""
 
-from megatron_rl.loop.collect import GroupQuota
+from megatron_rl.loop.step.collect import GroupQuota
 
 
 def test_the_first_groups_to_complete_are_kept_in_completion_order():
@@ -23,7 +23,7 @@ def test_without_a_quota_everything_is_kept_and_the_stream_never_stops_early():
 
 
 def test_every_engine_gets_its_own_extras_and_the_first_prompts_keep_their_places():
-    from megatron_rl.loop.collect import engine_prompts, oversampled_split
+    from megatron_rl.loop.step.collect import engine_prompts, oversampled_split
 
     total, split, quotas = oversampled_split(4, 2, 1.25)  # shares 2 + 2, each ceil(2.5) = 3
     assert (total, quotas) == (6, [2, 2])

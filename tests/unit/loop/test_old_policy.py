@@ -6,8 +6,8 @@ import types
 import pytest
 import torch
 
-from megatron_rl.loop import old_policy as op
-from megatron_rl.loop.rl_batch import grpo_loss_fn
+from megatron_rl.algorithms import old_policy as op
+from megatron_rl.loop.step.rl_batch import grpo_loss_fn
 from megatron_rl.trainer.batch import make_microbatches
 
 

@@ -1,6 +1,6 @@
 """What a disagreeing probe does to a publication, over a real Publisher and the reference sink.
 
-The probe here is an oracle of the same contract as loop/probe.py's: it compares what the sink serves
+The probe here is an oracle of the same contract as loop/placement/probe.py's: it compares what the sink serves
 after activation with what the trainer's own weights convert to (reshard/oracle.py), so a conversion
 fault injected upstream of the transfer (reshard/faults.py) -- which every checksum passes -- is seen,
 and the refusal policy's answer to it is what is tested: the version is refused, the one before it
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_rl.layout import ParallelLayout
-from megatron_rl.loop.probe import ProbeVerdict, step_problems
-from megatron_rl.loop.publication import PublicationRefused, RefusalPolicy
+from megatron_rl.loop.placement.probe import ProbeVerdict, step_problems
+from megatron_rl.loop.placement.publication import PublicationRefused, RefusalPolicy
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.reshard.faults import FaultInjector
 from megatron_rl.reshard.publish import InMemorySink, Publisher
 from megatron_rl.rollout.agreement import thresholds_for

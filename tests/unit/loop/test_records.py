@@ -1,4 +1,4 @@
-"""The run's records (loop/records.py) and the processes (loop/processes.py) apart, in one process.
+"""The run's records (loop/record/records.py) and the processes (loop/placement/processes.py) apart, in one process.
 
 Without torch.distributed the per-step reductions are this rank's own figures, so a record can be
 checked line by line; the multi-rank path is exercised by the driver's integration tests."""
@@ -9,9 +9,9 @@ import time
 import types
 
 from megatron_rl.config.load import load_recipe
-from megatron_rl.layout import ParallelLayout
-from megatron_rl.loop.processes import Processes
-from megatron_rl.loop.records import RunLog
+from megatron_rl.loop.placement.processes import Processes
+from megatron_rl.loop.record.records import RunLog
+from megatron_rl.parallel.layout import ParallelLayout
 
 
 class _Console:  # the two things RunLog uses of telemetry/console.py's Console

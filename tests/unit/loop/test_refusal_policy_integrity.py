@@ -2,10 +2,10 @@
 
 import pytest
 
-from megatron_rl.check import check_recipe
+from megatron_rl.check.recipe import check_recipe
 from megatron_rl.config.load import load_recipe
-from megatron_rl.layout import ParallelLayout
-from megatron_rl.loop.publication import PublicationRefused, RefusalPolicy
+from megatron_rl.loop.placement.publication import PublicationRefused, RefusalPolicy
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.reshard.publish import InMemorySink, Publisher
 from tests.helpers.specs import QWEN2_TINY as SPEC
 from tests.unit.reshard.oracle import random_hf

@@ -3,7 +3,7 @@
 import torch
 
 from megatron_rl.config.schema import AlgorithmConfig
-from megatron_rl.loop.rl_batch import (
+from megatron_rl.loop.step.rl_batch import (
     advantages_with_kl,
     assign,
     global_normaliser,

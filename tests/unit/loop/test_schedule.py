@@ -1,12 +1,12 @@
-"""The meeting order of a separated job's pools (loop/schedule.py), simulated from both sides.
+"""The meeting order of a separated job's pools (parallel/schedule.py), simulated from both sides.
 
-The trainer (loop/feed.py via train.py) and the engines (loop/engine_pool.py) walk the schedule with
+The trainer (loop/placement/feed.py via train.py) and the engines (loop/placement/engine_pool.py) walk the schedule with
 different code; here both walks are replayed as event lists and must match op for op (a mismatch is a
 deadlock on the job group), and the trainer's view gives the version lag of every batch."""
 
 import pytest
 
-from megatron_rl.loop import schedule
+from megatron_rl.parallel import schedule
 
 
 def trainer_events(start, k, steps):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from megatron_rl.loop.summary import completion_stats
+from megatron_rl.loop.record.summary import completion_stats
 from megatron_rl.rollout.types import Sample
 
 

@@ -6,9 +6,9 @@ per-expert names every consumer uses (HF import, publication, export: models/hf.
 import torch
 from torch import nn
 
-from megatron_rl.layout import ParallelLayout
 from megatron_rl.models.hf import hf_sources, megatron_names
 from megatron_rl.models.megatron import global_param_name, moe_spec_args, transformer_config
+from megatron_rl.parallel.layout import ParallelLayout
 from tests.helpers.specs import QWEN3_MOE_TINY as SPEC
 
 

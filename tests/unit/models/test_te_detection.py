@@ -1,5 +1,5 @@
 """transformer-engine is detected through `transformer_engine.pytorch` (models/megatron.py,
-machine.py): TE's package `__init__` swallows a failed import of its PyTorch module, so a TE whose torch
+system/machine.py): TE's package `__init__` swallows a failed import of its PyTorch module, so a TE whose torch
 extension is missing or built for another torch imports "fine" and the TE layer spec then fails deep in the
 model build. Simulated here with a stand-in `transformer_engine` package whose `__init__` does what TE
 2.11's does (`try: from . import pytorch / except ImportError: pass`) and whose `pytorch` fails, in a fresh
@@ -17,7 +17,7 @@ PROBE = """
 import json, torch
 torch.cuda.is_available = lambda: True  # a GPU node
 import transformer_engine  # succeeds: the failure is swallowed
-from megatron_rl.machine import te_import_error
+from megatron_rl.system.machine import te_import_error
 from megatron_rl.models.megatron import transformer_engine_available
 print(json.dumps({"top_level": transformer_engine.__version__, "available": transformer_engine_available(),
                   "error": te_import_error()}))

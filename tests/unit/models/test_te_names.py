@@ -13,6 +13,7 @@ from torch import nn
 from megatron_rl.models.hf import (
     all_hf_names,
     canonical_name,
+    fused_to_local_prefixes,
     hf_shape,
     hf_sources,
     hf_to_megatron_full,
@@ -23,7 +24,7 @@ from megatron_rl.models.hf import (
     split_layer_name,
     tp_unshard,
 )
-from megatron_rl.models.megatron import fused_to_local_prefixes, global_param_name
+from megatron_rl.models.megatron import global_param_name
 from tests.helpers.specs import SPECS
 
 

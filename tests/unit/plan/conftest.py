@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_rl.layout import ParallelLayout
-from megatron_rl.plan.inputs import PlanInputs, inputs_from_recipe
+from megatron_rl.parallel.layout import ParallelLayout
+from megatron_rl.plan.inputs import PlanInputs, inputs_from_run
+from megatron_rl.run import resolve
 
 from .hand import REFERENCE
 
@@ -19,4 +20,4 @@ def ref_recipe():
 
 @pytest.fixture(scope="session")
 def ref(ref_recipe) -> tuple[PlanInputs, ParallelLayout]:
-    return inputs_from_recipe(ref_recipe), ParallelLayout.from_config(ref_recipe.layout)
+    return inputs_from_run(resolve(ref_recipe)), ParallelLayout.from_config(ref_recipe.layout)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from megatron_rl.layout import ParallelLayout
 from megatron_rl.models.spec import ModelSpec
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.inputs import (
     GIB,
     Assumptions,

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
+from megatron_rl.cli.plan import main
 from megatron_rl.plan.calibrate import calibrate, read_steps, summarize
-from megatron_rl.plan.cli import main
 from megatron_rl.plan.cycle import compare_splits, cycle
 from megatron_rl.plan.inputs import PlanError
 from megatron_rl.plan.report import build_report

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.cycle import cycle, switch_seconds, trainer_phases
 from megatron_rl.plan.memory import memory_fit
 from megatron_rl.plan.search import CANDIDATE, best_step_s

@@ -14,6 +14,8 @@ from megatron_rl.plan.flops import (
     tokens_per_step,
     train_flops,
 )
+from megatron_rl.plan.inputs import inputs_from_run
+from megatron_rl.run import resolve
 
 from .hand import hand_inputs
 
@@ -75,12 +77,11 @@ def test_train_and_logprob_flops_by_hand():
 )
 def test_the_planner_counts_the_old_forward_the_driver_runs(overrides, old_forward):
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.layout import ParallelLayout
+    from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.plan.cycle import trainer_phases
-    from megatron_rl.plan.inputs import inputs_from_recipe
 
     recipe = load_recipe("grpo_qwen2.5-32b_32n8g", overrides)
-    inp = inputs_from_recipe(recipe)
+    inp = inputs_from_run(resolve(recipe))
     assert inp.work.old_forward is old_forward
     phases = trainer_phases(inp, ParallelLayout.from_config(recipe.layout))
     assert (phases["old_logprobs"] > 0) is old_forward

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+from megatron_rl.cli.plan import main
 from megatron_rl.config.load import load_recipe
-from megatron_rl.plan.cli import main
 
 OVERRIDES = ["data.prompts_per_step=4", "rollout.samples_per_prompt=16"]
 STEP = {
@@ -20,7 +20,7 @@ STEP = {
 
 def _run_dir(tmp_path):
     recipe = load_recipe("grpo_tiny_cpu", OVERRIDES)
-    # As loop/records.py writes it.
+    # As loop/record/records.py writes it.
     (tmp_path / "recipe.json").write_text(json.dumps(asdict(recipe), indent=1, default=str))
     (tmp_path / "steps.jsonl").write_text(json.dumps(STEP) + "\n")
     return tmp_path / "steps.jsonl"

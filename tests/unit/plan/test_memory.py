@@ -14,6 +14,7 @@ from megatron_rl.plan.memory import (
     memory_fit,
     trainer_memory,
 )
+from megatron_rl.run import resolve
 
 # One layer: QKV 5120 x (5120 + 2 x 1024) + bias 7168 = 36,707,328; proj 5120^2 = 26,214,400;
 # SwiGLU 3 x 5120 x 27648 = 424,673,280; norms 2 x 5120 -> 487,605,248.
@@ -87,7 +88,7 @@ def test_layout_that_does_not_fit_is_rejected_with_the_reason(ref):
 
 def test_memory_per_gpu_for_validate(ref_recipe, ref):
     inp, layout = ref
-    mem = memory_per_gpu(ref_recipe)
+    mem = memory_per_gpu(resolve(ref_recipe))
     assert mem["fits"] and mem["reasons"] == []
     assert mem["trainer_per_gpu"] == pytest.approx(trainer_memory(inp, layout)["total"] / GIB)
     assert mem["engine_per_gpu"] == pytest.approx(48.0)
@@ -106,7 +107,7 @@ def test_uneven_pipeline_split_loads_the_bigger_stage(ref):
 
 
 def test_bad_pipeline_split_is_refused(capsys):
-    from megatron_rl.plan.cli import main
+    from megatron_rl.cli.plan import main
 
     assert main(["grpo_qwen2.5-32b_32n8g", "layout.pp_layers=[30,30]", "--no-search"]) == 2
     assert (

@@ -8,17 +8,18 @@ import dataclasses
 import pytest
 
 from megatron_rl.config.load import load_recipe
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.cycle import switch_seconds
-from megatron_rl.plan.inputs import GIB, inputs_from_recipe
+from megatron_rl.plan.inputs import GIB, inputs_from_run
 from megatron_rl.plan.memory import memory_fit, trainer_memory
+from megatron_rl.run import resolve
 
 R70B = "grpo_llama3.1-70b_8n8g"
 
 
 def _plan(overrides=()):
     recipe = load_recipe(R70B, list(overrides))
-    return inputs_from_recipe(recipe), ParallelLayout.from_config(recipe.layout)
+    return inputs_from_run(resolve(recipe)), ParallelLayout.from_config(recipe.layout)
 
 
 def test_a_resident_reference_is_counted_while_training_and_generating():
@@ -75,7 +76,7 @@ def test_in_place_delivery_discards_engine_weights_instead_of_copying_them():
 
 
 def test_validate_refuses_a_utilisation_that_cannot_be_built():
-    from megatron_rl.check import ConfigError, validate_recipe
+    from megatron_rl.check.recipe import ConfigError, validate_recipe
 
     validate_recipe(load_recipe(R70B, []), "validate")  # its checkpoint lives on the cluster
     with pytest.raises(ConfigError, match="rollout.gpu_memory_utilization.*building the engine"):

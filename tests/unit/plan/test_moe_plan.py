@@ -8,11 +8,12 @@ import json
 
 import pytest
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.alltoall import alltoall, step_alltoall
 from megatron_rl.plan.flops import train_flops
-from megatron_rl.plan.inputs import GIB, PlanInputs
+from megatron_rl.plan.inputs import GIB, PlanInputs, inputs_from_run
 from megatron_rl.plan.memory import trainer_memory
+from megatron_rl.run import resolve
 
 from .hand import HAND_LAYOUT, hand_inputs
 
@@ -91,9 +92,8 @@ def test_alltoall_bytes_by_cut():
 
 def test_shipped_recipe_at_ep8_inside_and_across_nodes():
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.plan.inputs import inputs_from_recipe
 
-    inp = inputs_from_recipe(load_recipe(RECIPE))
+    inp = inputs_from_run(resolve(load_recipe(RECIPE)))
     lay = ParallelLayout.from_config(load_recipe(RECIPE).layout)
     assert (lay.tp, lay.ep, lay.etp) == (2, 8, 1)
     inside = step_alltoall(inp, lay)
@@ -104,8 +104,8 @@ def test_shipped_recipe_at_ep8_inside_and_across_nodes():
 
 
 def test_shipped_recipe_validates_and_plans(capsys):
-    from megatron_rl.config.cli import validate
-    from megatron_rl.plan.cli import main as plan
+    from megatron_rl.cli.plan import main as plan
+    from megatron_rl.cli.recipes import validate
 
     assert validate([RECIPE, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"] is True
@@ -122,7 +122,7 @@ def test_shipped_recipe_validates_and_plans(capsys):
 
 
 def test_ep_that_does_not_divide_the_experts_is_refused():
-    from megatron_rl.check import ConfigError, validate_recipe
+    from megatron_rl.check.recipe import ConfigError, validate_recipe
     from megatron_rl.config.load import load_recipe
 
     with pytest.raises(ConfigError) as e:
@@ -148,11 +148,11 @@ def test_the_moe_training_time_follows_the_expert_gemms_that_run():
 
     from megatron_rl.config.load import load_recipe
     from megatron_rl.plan.cycle import trainer_phases
-    from megatron_rl.plan.inputs import PER_EXPERT_FORWARD_S, inputs_from_recipe
+    from megatron_rl.plan.inputs import PER_EXPERT_FORWARD_S
 
-    gpu = inputs_from_recipe(load_recipe(RECIPE))
+    gpu = inputs_from_run(resolve(load_recipe(RECIPE)))
     assert gpu.assume.expert_gemm == "grouped"
-    assert inputs_from_recipe(load_recipe("grpo_tiny_moe_cpu")).assume.expert_gemm == "per_expert"
+    assert inputs_from_run(resolve(load_recipe("grpo_tiny_moe_cpu"))).assume.expert_gemm == "per_expert"
     lay = ParallelLayout.from_config(load_recipe(RECIPE).layout)
     per_expert = dataclasses.replace(gpu, assume=dataclasses.replace(gpu.assume, expert_gemm="per_expert"))
     grouped, per = trainer_phases(gpu, lay), trainer_phases(per_expert, lay)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.publication import publication
 from megatron_rl.plan.reliability import checkpoint, reliability, young_daly_interval
 from megatron_rl.plan.search import CANDIDATE  # the layouts the search starts from

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from megatron_rl.plan.cli import main
+from megatron_rl.cli.plan import main
 from megatron_rl.plan.render import render
 from megatron_rl.plan.report import REQUIRED_KEYS, build_report, lookup
 from megatron_rl.plan.report_types import PlanReport

@@ -11,14 +11,15 @@ from typing import Any
 
 import pytest
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.cli.plan import _clean
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.calibrate import calibrate, summarize
-from megatron_rl.plan.cli import _clean
 from megatron_rl.plan.cycle import cycle
-from megatron_rl.plan.inputs import inputs_from_recipe
+from megatron_rl.plan.inputs import inputs_from_run
 from megatron_rl.plan.render import render
 from megatron_rl.plan.report import REQUIRED_KEYS, build_report, lookup
 from megatron_rl.plan.report_types import PlanReport, Scoring, from_dict
+from megatron_rl.run import resolve
 
 # The top-level `--json` keys, in their order (readers may rely on both); calibration and search
 # follow when present.
@@ -56,7 +57,7 @@ def _plan(name: str, with_search: bool = False, calibration: dict | None = None)
     from megatron_rl.config.load import load_recipe
 
     recipe = load_recipe(name)
-    inp, layout = inputs_from_recipe(recipe), ParallelLayout.from_config(recipe.layout)
+    inp, layout = inputs_from_run(resolve(recipe)), ParallelLayout.from_config(recipe.layout)
     if calibration is not None:
         calibration = calibrate(inp, layout, cycle(inp, layout), summarize(calibration["records"]))
     return build_report(inp, layout, calibration=calibration, with_search=with_search)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
+from megatron_rl.plan.inputs import inputs_from_run
 from megatron_rl.plan.memory import memory_fit
 from megatron_rl.plan.search import CANDIDATE, search, structural_reason
+from megatron_rl.run import resolve
 
 
 def test_search_ranks_fitting_layouts_of_all_gpus(ref):
@@ -72,10 +74,9 @@ def test_structural_reasons(ref):
 def test_every_ranked_layout_round_trips_through_its_overrides():
     """`as_overrides` sets exactly the layout the search ranked (what peer_trl.py and users run)."""
     from megatron_rl.config.load import load_recipe
-    from megatron_rl.plan.inputs import inputs_from_recipe
 
     recipe = load_recipe("grpo_qwen2.5-32b_32n8g", [])
-    layouts = [cyc.layout for cyc in search(inputs_from_recipe(recipe))["ranked"][:6]]
+    layouts = [cyc.layout for cyc in search(inputs_from_run(resolve(recipe)))["ranked"][:6]]
     layouts.append(layouts[0].with_(sequence_parallel=False, pp_layers=(14, 18, 18, 14), pp=4))
     for layout in layouts:
         again = load_recipe("grpo_tiny_cpu", layout.as_overrides())
@@ -87,16 +88,15 @@ def test_on_the_cpu_cluster_the_search_prefers_dp_to_tp_for_a_tiny_model():
     this machine for the tiny model; at NVLink latency the two are within a hair of each other."""
     from megatron_rl.config.load import load_recipe
     from megatron_rl.plan.cycle import cycle
-    from megatron_rl.plan.inputs import inputs_from_recipe
 
     work = ["data.prompts_per_step=16", "algorithm.minibatches=1", "optim.micro_batch_size=16"]
-    ranked = search(inputs_from_recipe(load_recipe("grpo_tiny_hf_cpu", work)))["ranked"]
+    ranked = search(inputs_from_run(resolve(load_recipe("grpo_tiny_hf_cpu", work))))["ranked"]
     colocated = [c.layout for c in ranked if c.layout.colocated]
     assert (colocated[0].tp, colocated[0].dp) == (1, 2), [c.describe() for c in colocated]
 
     def trainer_s(latency_us: float, tp: int, dp: int) -> float:
         recipe = load_recipe("grpo_tiny_hf_cpu", [*work, f"cluster.allreduce_latency_us={latency_us}"])
-        inp = inputs_from_recipe(recipe)
+        inp = inputs_from_run(resolve(recipe))
         lay = ParallelLayout.from_config(recipe.layout).with_(tp=tp, dp=dp)
         ph = cycle(inp, lay).phases
         return sum(ph[k] for k in ("ref_logprobs", "train_fwd_bwd"))

@@ -2,10 +2,10 @@
 
 import json
 
+from megatron_rl.cli.reshard import main
 from megatron_rl.config.load import load_recipe
-from megatron_rl.layout import ParallelLayout
 from megatron_rl.models.spec import ModelSpec
-from megatron_rl.reshard.cli import main
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.reshard.plan import Links, build_plan
 
 

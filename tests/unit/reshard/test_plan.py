@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from megatron_rl.layout import ParallelLayout
 from megatron_rl.models.hf import expert_of
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.reshard.convert import bytes_equal, region
 from megatron_rl.reshard.plan import Links, build_plan
 from tests.helpers.specs import LLAMA_TINY_TIED, QWEN2_TINY, QWEN3_MOE_TINY, QWEN3_TINY

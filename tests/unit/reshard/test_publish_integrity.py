@@ -8,7 +8,7 @@ must activate (the refusal leaves nothing behind).
 import pytest
 import torch
 
-from megatron_rl.layout import ParallelLayout
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.reshard.convert import bytes_equal
 from megatron_rl.reshard.manifest import Run, coverage_problems
 from megatron_rl.reshard.publish import InMemorySink, Publisher

@@ -8,8 +8,8 @@ import re
 import pytest
 import torch
 
-from megatron_rl.layout import ParallelLayout
 from megatron_rl.models.hf import megatron_names
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.reshard.convert import bytes_equal
 from megatron_rl.reshard.publish import InMemorySink, Publisher
 from tests.helpers.specs import QWEN2_TINY

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from megatron_rl.reward.cli import main, printable
+from megatron_rl.cli.score import main, printable
 
 
 @pytest.fixture

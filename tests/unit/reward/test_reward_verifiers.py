@@ -5,9 +5,9 @@ import threading
 import pytest
 
 from megatron_rl.config.schema import RewardConfig
-from megatron_rl.data.problems import Problem
 from megatron_rl.reward import verifiers
 from megatron_rl.reward.pool import RewardPool
+from megatron_rl.reward.problem import Problem
 from megatron_rl.reward.result import RewardResult
 
 

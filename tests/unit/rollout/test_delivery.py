@@ -2,7 +2,7 @@
 
 import pytest
 
-from megatron_rl.check import ConfigError, validate_recipe
+from megatron_rl.check.recipe import ConfigError, validate_recipe
 from megatron_rl.config.load import load_recipe
 from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 

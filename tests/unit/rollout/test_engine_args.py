@@ -1,6 +1,7 @@
 """Engine arguments decided before vLLM is imported."""
 
 import json
+import re
 
 import pytest
 
@@ -37,10 +38,31 @@ def test_moe_engine_settings_the_cpu_build_cannot_serve_are_refused_before_vllm_
     moe, dense = tmp_path / "moe", tmp_path / "dense"
     hf_config(QWEN3_MOE_TINY).save_pretrained(moe)
     hf_config(QWEN2_TINY).save_pretrained(dense)
+    from megatron_rl.check.recipe import check_recipe
+    from megatron_rl.config.load import load_recipe
+    from megatron_rl.rollout.engine_rules import engine_problems
+
     cfg = rollout_cfg()
-    with pytest.raises(ValueError, match="runs at TP 1"):
-        VLLMEngine(cfg, moe, tp=2)
-    with pytest.raises(ValueError, match="GPU feature"):
-        VLLMEngine(cfg, moe, expert_parallel=True)
-    with pytest.raises(ValueError, match="this one is dense"):
-        VLLMEngine(cfg, dense, record_routes=True)
+    # The one rule (rollout/engine_rules.py): the engine refuses with the words `validate` uses.
+    base = dict(on_gpu=False, num_experts=0, engine_tp=1, expert_parallel=False, record_routes=False)
+    cases = [
+        ("layout.engine_tp", dict(num_experts=4, engine_tp=2), lambda: VLLMEngine(cfg, moe, tp=2)),
+        (
+            "layout.engine_ep",
+            dict(expert_parallel=True),
+            lambda: VLLMEngine(cfg, dense, expert_parallel=True),
+        ),
+        (
+            "algorithm.routing_replay",
+            dict(record_routes=True),
+            lambda: VLLMEngine(cfg, dense, record_routes=True),
+        ),
+    ]
+    for key, args, build in cases:
+        [(got_key, message)] = engine_problems(**{**base, **args})
+        assert got_key == key
+        with pytest.raises(ValueError, match=re.escape(message)):
+            build()
+    recipe = load_recipe("grpo_tiny_moe_cpu", ["layout.engine_tp=2", "layout.engine_count=1"])
+    said = {p.key: p.message for p in check_recipe(recipe)}
+    assert said["layout.engine_tp"] == engine_problems(False, 4, 2, False)[0][1]

@@ -1,4 +1,4 @@
-"""The trainer's offload before each rollout keeps the model's weights on the device (rollout/timeshare.py).
+"""The trainer's offload before each rollout keeps the model's weights on the device (loop/placement/timeshare.py).
 
 megatron-core's `offload_to_cpu` does `p.data = p.data.cpu()` for every parameter of the optimizer's
 groups. With `FP32Optimizer` (fp32 weights without the distributed optimizer) those are the model's own
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from megatron_rl.rollout import timeshare
+from megatron_rl.loop.placement import timeshare
 
 
 class DeviceParam(torch.nn.Parameter):

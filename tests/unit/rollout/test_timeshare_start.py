@@ -5,8 +5,8 @@ order is recorded on small stand-ins with the same methods, with CUDA reported p
 
 import pytest
 
-from megatron_rl.rollout import timeshare
-from megatron_rl.rollout.timeshare import TimeShare
+from megatron_rl.loop.placement import timeshare
+from megatron_rl.loop.placement.timeshare import TimeShare
 
 
 class Recorder:

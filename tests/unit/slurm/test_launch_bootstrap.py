@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.dist_env import from_env
+from megatron_rl.parallel.dist_env import from_env
 
 REPO = Path(__file__).resolve().parents[3]
 RANK_PY = REPO / "launch" / "rank.py"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.check import check_recipe
+from megatron_rl.check.recipe import check_recipe
+from megatron_rl.cli.submit import main, request_from_recipe, sbatch_command
 from megatron_rl.config.load import REPO_ROOT, load_recipe, shipped_recipes
-from megatron_rl.layout import ParallelLayout
-from megatron_rl.slurm_submit import main, request_from_recipe, sbatch_command
+from megatron_rl.parallel.layout import ParallelLayout
 
 
 def flags(cmd: list[str]) -> dict[str, str]:

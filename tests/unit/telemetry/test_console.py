@@ -125,7 +125,7 @@ def test_a_user_facing_error_is_one_line_from_rank_0_and_the_traceback_stays_in_
 
 
 def test_a_config_error_is_one_line(tmp_path):
-    body = 'from megatron_rl.check import ConfigError\nraise ConfigError(["layout.tp=3 ..."])'
+    body = 'from megatron_rl.check.recipe import ConfigError\nraise ConfigError(["layout.tp=3 ..."])'
     done = _run(tmp_path, body)
     assert done.returncode == 1
     terminal = done.stdout + done.stderr

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from megatron_rl.loop.records import switch_seconds
-from megatron_rl.loop.summary import generation_tail_seconds
+from megatron_rl.cli.report import main
+from megatron_rl.loop.record.records import switch_seconds
+from megatron_rl.loop.record.summary import generation_tail_seconds
 from megatron_rl.telemetry.phases import PHASES
 from megatron_rl.telemetry.report import ReportError, load_records, phase_table, summarize
-from megatron_rl.telemetry.report_cli import main
 from megatron_rl.telemetry.trace import load_spans, trace_events
 
 

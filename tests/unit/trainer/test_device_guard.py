@@ -137,7 +137,7 @@ def test_preemption_agrees_on_the_cpu_group(guarded):
 
 
 def test_microbatches_and_their_extras_are_on_the_policy_device(guarded):
-    from megatron_rl.loop.rl_batch import grpo_loss_fn
+    from megatron_rl.loop.step.rl_batch import grpo_loss_fn
 
     seqs, plens = [[1, 2, 3, 4, 5], [6, 7, 8]], [2, 1]
     extras = {k: [torch.full((3,), 0.5), torch.full((2,), 0.5)] for k in ("adv", "old", "rollout")}

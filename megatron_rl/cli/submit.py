@@ -1,0 +1,157 @@
+"""`megatron-rl submit RECIPE [overrides] [--dry-run]`: the sbatch command for a recipe, checked first.
+
+The recipe's cluster group says how many nodes and GPUs per node the job asks for and how long; its
+layout says how many ranks it starts. They must agree before anything is queued: a 256-GPU job that
+waits hours for its allocation and then dies on a world-size assertion is what this command prevents.
+It prints the exact sbatch command (to copy, edit or rerun by hand), then submits it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from megatron_rl.check.recipe import check_recipe, notes, refused
+from megatron_rl.config.load import REPO_ROOT, RecipeNotFound, load_recipe
+from megatron_rl.config.schema import RecipeConfig
+
+SCRIPT = REPO_ROOT / "slurm" / "train.sbatch"
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    """What the job asks Slurm for: one task per GPU on whole nodes."""
+
+    job_name: str
+    nodes: int
+    gpus_per_node: int
+    time_limit: str
+    partition: str = ""
+    account: str = ""
+    container_image: str = ""
+
+    @property
+    def tasks(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def request_from_recipe(recipe: RecipeConfig) -> SlurmRequest:
+    c = recipe.cluster
+    return SlurmRequest(
+        job_name=recipe.name,
+        nodes=c.nodes,
+        gpus_per_node=c.gpus_per_node,
+        time_limit=c.time_limit,
+        partition=c.partition,
+        account=c.account,
+        container_image=c.container_image,
+    )
+
+
+def sbatch_command(
+    req: SlurmRequest,
+    recipe_arg: str,
+    overrides: list[str],
+    log_dir: str = "logs",
+    extra: list[str] | None = None,
+    cwd: Path | None = None,
+) -> list[str]:
+    """The sbatch argv: the request as flags (they override the script's #SBATCH defaults), then the script
+    with the recipe and overrides, which the script hands to every rank."""
+    cwd = Path.cwd() if cwd is None else cwd
+    cmd = [
+        "sbatch",
+        f"--job-name={req.job_name}",
+        f"--nodes={req.nodes}",
+        f"--gpus-per-node={req.gpus_per_node}",
+        f"--ntasks-per-node={req.gpus_per_node}",
+        f"--time={req.time_limit}",
+    ]
+    if req.partition:
+        cmd.append(f"--partition={req.partition}")
+    if req.account:
+        cmd.append(f"--account={req.account}")
+    cmd.append(f"--output={log_dir}/%x-%j.log")
+    exports = []
+    if req.container_image:
+        exports.append(f"CONTAINER_IMAGE={req.container_image}")
+    if cwd.resolve() == REPO_ROOT:
+        script = str(SCRIPT.relative_to(REPO_ROOT))
+    else:  # the batch script finds the checkout from the submit directory unless told
+        script = str(SCRIPT)
+        exports.append(f"MEGATRON_RL_HOME={REPO_ROOT}")
+    if exports:
+        cmd.append("--export=" + ",".join(["ALL", *exports]))
+    cmd += list(extra or [])
+    return [*cmd, script, recipe_arg, *overrides]
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="megatron-rl submit",
+        description="Check a recipe against the nodes it asks for, print the sbatch command, and submit it.",
+    )
+    p.add_argument("recipe", help="a shipped recipe name or a path to a recipe YAML")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. cluster.nodes=4 layout.dp=4")
+    p.add_argument("--dry-run", action="store_true", help="print the sbatch command, do not submit")
+    p.add_argument("--log-dir", default="logs", help="folder of the job logs (default: logs)")
+    p.add_argument(
+        "--sbatch",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="an extra sbatch flag, repeatable: --sbatch=--qos=high --sbatch=--dependency=afterok:123",
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = _parse(argv)
+    try:
+        recipe = load_recipe(args.recipe, args.overrides)
+    except RecipeNotFound as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # Hydra/OmegaConf: unknown key, wrong type, missing group option
+        print(f"error: recipe {args.recipe!r} does not compose: {e}", file=sys.stderr)
+        return 2
+
+    # The same check as `validate` and the driver (megatron_rl/check/recipe.py): the layout against the nodes
+    # the job asks for included, so nothing is queued that would die on a world-size assertion.
+    problems = check_recipe(recipe)
+    if refused(problems, "validate"):
+        print(f"refused: recipe {recipe.name!r} was not submitted (megatron-rl validate):", file=sys.stderr)
+        print("\n".join(f"  - {p}" for p in refused(problems, "validate")), file=sys.stderr)
+        return 1
+    for line in notes(problems, "validate"):
+        print(line, file=sys.stderr)
+
+    cmd = sbatch_command(request_from_recipe(recipe), args.recipe, args.overrides, args.log_dir, args.sbatch)
+    print(shlex.join(cmd), flush=True)
+    if args.dry_run:
+        return 0
+    if shutil.which("sbatch") is None:
+        print(
+            "error: sbatch is not on PATH (run this on a Slurm login node, or use --dry-run)", file=sys.stderr
+        )
+        return 2
+    os.makedirs(args.log_dir, exist_ok=True)  # Slurm cannot open a log in a missing folder
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    sys.stderr.write(done.stderr)
+    if done.returncode != 0:
+        print(f"error: sbatch failed with exit code {done.returncode}", file=sys.stderr)
+        return done.returncode
+    m = re.search(r"Submitted batch job (\d+)", done.stdout)
+    if not m:
+        print(f"error: cannot read the job id from sbatch's output: {done.stdout.strip()!r}", file=sys.stderr)
+        return 1
+    job = m.group(1)
+    print(f"submitted job {job}; log {args.log_dir}/{recipe.name}-{job}.log", flush=True)
+    return 0
