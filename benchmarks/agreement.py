@@ -2,21 +2,22 @@
 and what the probe costs. Prints JSON.
 
     python benchmarks/agreement.py [--paths dense,hf,moe,separated] [--engine-dtypes fp32,bf16]
-                                   [--faults NAME,...] [--clean-after 2] [--repeats 1] [--cost-steps 12]
-                                   [--keep DIR]
+                                   [--repeats 1] [--cost-steps 12] [--overrides "k=v ..."] [--keep DIR]
 
 For each path (`dense` = grpo_tiny_cpu, `hf` = grpo_tiny_hf_cpu on the HF-format fixture, `moe` =
 grpo_tiny_moe_cpu, `separated` = grpo_tiny_cpu_separated) and engine dtype (the trainers are fp32), one
 real `launch_local` run publishes a clean version 1, then one faulty version per fault of
-reshard/faults.py (MEGATRON_RL_PUBLICATION_FAULTS; `--faults` picks some), then `--clean-after` clean
-ones, with `rollout.on_logprob_disagreement=warn`: every version serves and the probe of every
-publication is recorded (loop/placement/probe.py). Per run:
+reshard/faults.py (MEGATRON_RL_PUBLICATION_FAULTS), then clean ones again, with
+`rollout.on_logprob_disagreement=warn`: every version serves and the probe of every publication is
+recorded (loop/placement/probe.py). Per run:
   clean     the largest probe max and mean |trainer - engine| over the clean versions, and the step's own
             agreement (old log-probs against the engines', the batch that version drew)
   faults    each fault's probe max and mean gap, and whether the thresholds in force catch it
   margin    the smallest fault gap / the threshold, and the threshold / the clean floor (both > 1:
             every fault caught and no clean version flagged)
 The thresholds are the recipe's (rollout/agreement.py FLOORS x margin), printed with the run.
+`--overrides` go after the benchmark's own on every fault run (tests/integration/loop/
+test_agreement_faults.py runs these runs with the refusal policy raised, and keeps them: `--keep`).
 
 `--cost-steps N`: the probe's cost, side by side: the dense path, N steps with the probe and N without
 (`rollout.logprob_probe_prompts=0`), alternated `--repeats` times; the median step wall seconds of each
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -53,7 +55,7 @@ FAST = [
     "algorithm.minibatches=2",
 ]
 QUIET = ["logger.progress=false", "logger.wandb=false"]
-CLEAN_AFTER = 2  # clean versions after the faulty ones (--clean-after)
+CLEAN_AFTER = 2  # clean versions after the faulty ones
 
 
 def run(out: Path, name: str, recipe: str, steps: int, overrides: list[str], faults: str = "") -> list[dict]:
@@ -84,17 +86,16 @@ def run(out: Path, name: str, recipe: str, steps: int, overrides: list[str], fau
     return [json.loads(x) for x in lines if x.strip()]
 
 
-def faults_run(
-    out: Path, path: str, engine_dtype: str, only: list[str] | None = None, clean_after: int = CLEAN_AFTER
-) -> dict:
-    faults = [f for f in list(DENSE) + (list(MOE) if path == "moe" else []) if not only or f in only]
+def faults_run(out: Path, path: str, engine_dtype: str, extra: list[str] | None = None) -> dict:
+    faults = list(DENSE) + (list(MOE) if path == "moe" else [])
     plan = {v: f for v, f in enumerate(faults, start=2)}
-    steps = 1 + len(faults) + clean_after
+    steps = 1 + len(faults) + CLEAN_AFTER
     overrides = [
         *([] if path == "hf" else FAST),
         *(["optim.micro_batch_size=4"] if path == "moe" else []),
         f"rollout.dtype={engine_dtype}",
         "rollout.on_logprob_disagreement=warn",
+        *(extra or []),
     ]
     recs = run(
         out,
@@ -172,15 +173,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--paths", default="dense,hf,moe,separated")
     p.add_argument("--engine-dtypes", default="fp32,bf16")
-    p.add_argument("--faults", default="", help=f"some of {','.join(DENSE + MOE)} (default: every one)")
-    p.add_argument("--clean-after", type=int, default=CLEAN_AFTER, help="clean versions after the faults")
     p.add_argument("--cost-steps", type=int, default=12, help="0: skip the cost runs")
     p.add_argument("--repeats", type=int, default=1, help="cost runs of each mode")
+    p.add_argument("--overrides", default="", help='extra overrides for the fault runs, e.g. "k=v k2=v2"')
     p.add_argument("--keep", type=Path, help="keep the runs' outputs here (default: a temporary directory)")
     args = p.parse_args()
-    only = [f for f in args.faults.split(",") if f]
-    if set(only) - set(DENSE + MOE) or args.clean_after < 1:
-        raise SystemExit(f"--faults must name some of {', '.join(DENSE + MOE)}; --clean-after must be >= 1")
     out = args.keep or Path(tempfile.mkdtemp(prefix="agreement-"))
     out.mkdir(parents=True, exist_ok=True)
     result: dict = {"runs": []}
@@ -189,7 +186,7 @@ def main() -> None:
             if path not in RECIPES:
                 raise SystemExit(f"--paths: {path!r} is not one of {', '.join(RECIPES)}")
             for dtype in filter(None, args.engine_dtypes.split(",")):
-                result["runs"].append(faults_run(out, path, dtype, only, args.clean_after))
+                result["runs"].append(faults_run(out, path, dtype, shlex.split(args.overrides)))
         if args.cost_steps:
             result["cost"] = cost(out, args.cost_steps, args.repeats)
     finally:

@@ -7,7 +7,7 @@ tests/helpers/tiny_run.py (TINY, ENGINE, VERBOSE).
   agreement, W&B, timeline), test_console_and_report (the quiet terminal, log.txt, `megatron-rl
   report`, `plan --from-steps`) and test_old_logprobs (the `recompute` side of auto against recompute).
 - `engine_run`: 3 steps under the device guard, the engines' log-probs as the old ones (two
-  minibatches), dynamic sampling. Read by test_old_logprobs and test_tiny_loop (the loop under the
+  minibatches), dynamic sampling. Read by test_old_logprobs and test_guarded_loop (the loop under the
   device guard; dynamic sampling keeps the batch full).
 - `verbose_oversampled_run`: 2 steps with rollout.oversample=1.5, no KL (no reference phase), with
   MEGATRON_RL_VERBOSE=1. Read by test_oversample (the groups kept and dropped) and
