@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo demo-hf test test-unit test-dist test-integration lint format venv system prereqs clean
+.PHONY: demo demo-hf test test-quick test-unit test-dist test-integration lint format venv system prereqs clean
 
 # Every prerequisite (system packages, a Python that can build .venv, disk) before anything is built:
 # missing ones are installed when this user may (root with apt-get), else one line says what to run.
@@ -42,6 +42,13 @@ demo-hf: prereqs $(STAMP)
 
 test: prereqs $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15 tests
+
+# Under 5 minutes on 2 cores, for development (README, Tests): the unit tier, one launched run of the
+# whole loop read by test_tiny_loop.py (trainer, engines, sandboxed rewards, resharding, telemetry),
+# and the sandbox's verdicts on real programs. `make test` runs everything, this included.
+QUICK := tests/unit tests/integration/loop/test_tiny_loop.py tests/integration/reward/test_sandbox_scoring.py
+test-quick: prereqs $(STAMP)
+	$(BIN)/python -m pytest -q --durations=10 $(QUICK)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

@@ -2,7 +2,7 @@
 and what the probe costs. Prints JSON.
 
     python benchmarks/agreement.py [--paths dense,hf,moe,separated] [--engine-dtypes fp32,bf16]
-                                   [--repeats 1] [--cost-steps 12] [--keep DIR]
+                                   [--repeats 1] [--cost-steps 12] [--overrides "k=v ..."] [--keep DIR]
 
 For each path (`dense` = grpo_tiny_cpu, `hf` = grpo_tiny_hf_cpu on the HF-format fixture, `moe` =
 grpo_tiny_moe_cpu, `separated` = grpo_tiny_cpu_separated) and engine dtype (the trainers are fp32), one
@@ -16,6 +16,8 @@ recorded (loop/placement/probe.py). Per run:
   margin    the smallest fault gap / the threshold, and the threshold / the clean floor (both > 1:
             every fault caught and no clean version flagged)
 The thresholds are the recipe's (rollout/agreement.py FLOORS x margin), printed with the run.
+`--overrides` go after the benchmark's own on every fault run (tests/integration/loop/
+test_agreement_faults.py runs these runs with the refusal policy raised, and keeps them: `--keep`).
 
 `--cost-steps N`: the probe's cost, side by side: the dense path, N steps with the probe and N without
 (`rollout.logprob_probe_prompts=0`), alternated `--repeats` times; the median step wall seconds of each
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -83,7 +86,7 @@ def run(out: Path, name: str, recipe: str, steps: int, overrides: list[str], fau
     return [json.loads(x) for x in lines if x.strip()]
 
 
-def faults_run(out: Path, path: str, engine_dtype: str) -> dict:
+def faults_run(out: Path, path: str, engine_dtype: str, extra: list[str] | None = None) -> dict:
     faults = list(DENSE) + (list(MOE) if path == "moe" else [])
     plan = {v: f for v, f in enumerate(faults, start=2)}
     steps = 1 + len(faults) + CLEAN_AFTER
@@ -92,6 +95,7 @@ def faults_run(out: Path, path: str, engine_dtype: str) -> dict:
         *(["optim.micro_batch_size=4"] if path == "moe" else []),
         f"rollout.dtype={engine_dtype}",
         "rollout.on_logprob_disagreement=warn",
+        *(extra or []),
     ]
     recs = run(
         out,
@@ -171,6 +175,7 @@ def main() -> None:
     p.add_argument("--engine-dtypes", default="fp32,bf16")
     p.add_argument("--cost-steps", type=int, default=12, help="0: skip the cost runs")
     p.add_argument("--repeats", type=int, default=1, help="cost runs of each mode")
+    p.add_argument("--overrides", default="", help='extra overrides for the fault runs, e.g. "k=v k2=v2"')
     p.add_argument("--keep", type=Path, help="keep the runs' outputs here (default: a temporary directory)")
     args = p.parse_args()
     out = args.keep or Path(tempfile.mkdtemp(prefix="agreement-"))
@@ -181,7 +186,7 @@ def main() -> None:
             if path not in RECIPES:
                 raise SystemExit(f"--paths: {path!r} is not one of {', '.join(RECIPES)}")
             for dtype in filter(None, args.engine_dtypes.split(",")):
-                result["runs"].append(faults_run(out, path, dtype))
+                result["runs"].append(faults_run(out, path, dtype, shlex.split(args.overrides)))
         if args.cost_steps:
             result["cost"] = cost(out, args.cost_steps, args.repeats)
     finally:

@@ -3,6 +3,7 @@
     pip install --no-deps trl==1.16.0 accelerate==1.15.0   # the `peer` extra's pins; the rest is in the lock
     python benchmarks/peer_trl.py [--tokens 32 64] [--prompts 16] [--steps 8] [--warmup 2] [--repeats 2]
                                   [--ours auto recompute] [--ours-overrides "k=v ..."] [--fixture DIR]
+                                  [--without-trl]
 
 The workload: the tiny random Qwen2 HF checkpoint of `models/fixture.py` (460k params,
 fp32), 16 prompts x 8 samples per step from the bundled problems (the same prompts in the same order:
@@ -15,7 +16,7 @@ the in-process reward `megatron_rl.reward.verifiers:python_format`.
 
 Each token length alternates the sides in one run: for every repeat, TRL, then each `--ours` variant
 (`algorithm.old_logprobs=<variant>`; `default` adds no override), each a fresh process running
-`--steps` steps. A side's median is over every step after the first `--warmup` of every repeat; a
+`--steps` steps (`--without-trl`: our side alone, TRL not needed). A side's median is over every step after the first `--warmup` of every repeat; a
 step's time is wall clock (TRL: between `on_step_end` callbacks; ours: between the ends of the last
 phase span of consecutive steps, from spans.jsonl, so logging and reductions count). Start-up is from
 process start to the end of the first step. `ratio_<variant>` = ours median / TRL median (< 1: ours is
@@ -417,16 +418,22 @@ def main() -> None:
     )
     ap.add_argument("--lr", type=float, default=LR)
     ap.add_argument("--trl-threads", type=int, default=2)
+    ap.add_argument(
+        "--without-trl", action="store_true", help="our side only (no TRL needed; no ratio is computed)"
+    )
     ap.add_argument("--trl-child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.trl_child:
         return trl_child(args)
     if args.steps <= args.warmup:
         ap.error("--steps must exceed --warmup")
-    try:
-        import trl
-    except ImportError:
-        raise SystemExit(f"TRL is not installed: {INSTALL}") from None
+    trl_version = None
+    if not args.without_trl:
+        try:
+            import trl
+        except ImportError:
+            raise SystemExit(f"TRL is not installed: {INSTALL} (or --without-trl)") from None
+        trl_version = trl.__version__
 
     from megatron_rl.models.fixture import build_fixture
 
@@ -450,14 +457,16 @@ def main() -> None:
                 "warmup_steps_dropped": args.warmup,
                 "repeats": args.repeats,
                 "stop": "checkpoint end ids on both sides (lengths not forced)",
-                "trl": f"trl {trl.__version__}, transformers generate, 1 process, torch threads {args.trl_threads}",
+                "trl": f"trl {trl_version}, transformers generate, 1 process, torch threads {args.trl_threads}"
+                if trl_version
+                else None,
                 "ours": f"{RECIPE} (launch_local), OMP_NUM_THREADS=1 per rank",
                 "ours_overrides": args.ours_overrides,
                 "ours_layout": layout,
             }
         }
         for tokens in args.tokens:
-            variants = {"trl": None, **{f"ours_{v}": v for v in args.ours}}
+            variants = {**({} if args.without_trl else {"trl": None}), **{f"ours_{v}": v for v in args.ours}}
             sides: dict[str, list[dict]] = {name: [] for name in variants}
             errors: dict[str, str] = {}
             for rep in range(args.repeats):

@@ -2,6 +2,7 @@
 
   python benchmarks/reshard.py            # launches itself under torchrun with 4 processes (gloo, CPU)
   python benchmarks/reshard.py --nproc 8  # (on a GPU node: NCCL, one process per GPU)
+  python benchmarks/reshard.py --smoke    # a 2-layer model, one repeat, two small buckets (the suite's run)
 
 Model: a ~100M-parameter Llama-style config in bf16 (12 layers, hidden 768, 12 heads in 4 KV groups,
 vocab 16384, untied). Trainer shards are random tensors of the exact megatron shapes (what the
@@ -29,9 +30,23 @@ REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 
 
-def spec():
+def spec(smoke: bool = False):
     from megatron_rl.models.tiny import tiny_spec
 
+    if smoke:  # every layout and code path at a size that publishes in milliseconds
+        return tiny_spec(
+            name="llama_smoke",
+            family="llama",
+            num_layers=2,
+            hidden_size=256,
+            ffn_hidden_size=512,
+            num_attention_heads=4,
+            num_query_groups=4,
+            vocab_size=512,
+            make_vocab_size_divisible_by=128,
+            qkv_bias=False,
+            params_dtype="bf16",
+        )
     return tiny_spec(
         name="llama_100m",
         family="llama",
@@ -54,9 +69,10 @@ LAYOUTS = [
     ("tp4_to_4xtp1_loader", dict(tp=4, engine_tp=1, engine_count=4), "loader"),
     ("tp2pp2_to_2xtp2_inplace", dict(tp=2, pp=2, engine_tp=2, engine_count=2), "inplace"),
     ("tp1pp2dp2_to_4xtp1_inplace", dict(tp=1, pp=2, dp=2, engine_tp=1, engine_count=4), "inplace"),
-    ("sep_tp2_to_tp2_inplace", dict(tp=2, engine_tp=2, engine_count=1, colocated=False), "inplace"),
+    ("sep_tp2_to_tp2_inplace", dict(tp=2, engine_tp=2, engine_count=1, placement="separated"), "inplace"),
 ]
 BUCKETS_MIB = [4, 16, 64]
+SMOKE_BUCKETS_MIB = [1, 4]
 
 
 def _shards(plan, rank, dtype, device):
@@ -121,7 +137,7 @@ class _AllGather:
         return _max(time.perf_counter() - t0)
 
 
-def worker(repeats: int) -> None:
+def worker(repeats: int, smoke: bool) -> None:
     import torch
     import torch.distributed as dist
 
@@ -136,7 +152,7 @@ def worker(repeats: int) -> None:
     cpu_group = dist.new_group(backend="gloo")  # the publisher's host objects (its problems)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda") if gpu else torch.device("cpu")
-    s = spec()
+    s = spec(smoke)
     links = Links(gpus_per_node=world)
     out = {
         "model": s.name,
@@ -195,7 +211,7 @@ def worker(repeats: int) -> None:
     lay = ParallelLayout(**kw)
     sweep = []
     if lay.world_size == world:
-        for mib in BUCKETS_MIB:
+        for mib in SMOKE_BUCKETS_MIB if smoke else BUCKETS_MIB:
             coord = lay.engine_coord(rank)
             pub = Publisher(
                 lay,
@@ -236,10 +252,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--smoke", action="store_true", help="a 2-layer model, one repeat, buckets of 1 and 4 MiB"
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.smoke:
+        args.repeats = 1
     if args.worker:
-        worker(args.repeats)
+        worker(args.repeats, args.smoke)
         return 0
     import socket
 
@@ -260,6 +281,7 @@ def main() -> int:
         "--worker",
         "--repeats",
         str(args.repeats),
+        *(["--smoke"] if args.smoke else []),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)

@@ -34,6 +34,30 @@ def run_worker(script: str | Path, args: list[str], timeout: float = 600, env: d
     return proc
 
 
+def run_workers(jobs: dict, timeout: float = 600, env: dict | None = None, at_once: int = 2) -> dict:
+    """Run independent single-process workers (`{key: (script, args)}`) `at_once` at a time: on 2 cores a
+    one-process worker leaves a core idle. Returns {key: its CompletedProcess, or the AssertionError
+    run_worker raised for it}: each test that reads one raises its own (`worker_result`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(item):
+        script, args = item
+        try:
+            return run_worker(script, args, timeout=timeout, env=env)
+        except (AssertionError, subprocess.TimeoutExpired) as e:
+            return e
+
+    with ThreadPoolExecutor(at_once) as pool:
+        return dict(zip(jobs, pool.map(one, jobs.values())))
+
+
+def worker_result(outcome):
+    """A run_workers entry: the CompletedProcess, or its failure raised here."""
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
 def torchrun(script: str | Path, nproc: int, args: list[str], timeout: float = 600, env: dict | None = None):
     """Run `torchrun --nproc-per-node nproc script args`; raise with the output tail on failure."""
     cmd = [

@@ -19,6 +19,37 @@ FAST = [
     "logger.progress=false",
 ]
 
+# The session's shared runs (tests/integration/loop/conftest.py). `tiny`: KL on, one minibatch, the
+# progress bar and W&B on (its old log-probs recomputed; test_old_logprobs's `auto` run takes the same
+# settings, so the two draw the same samples). Not under the device guard, as the console test's run
+# never was: that test reads the first step's engine warm-up off the generation timings.
+TINY_STEPS = 3
+TINY = ["algorithm.kl_coef=0.04", "algorithm.minibatches=1", "logger.progress=true"]
+# `engine`: under the device guard, the engines' log-probs as the old ones at two minibatches, dynamic
+# sampling.
+ENGINE_STEPS = 3
+ENGINE_ENV = {"MEGATRON_RL_DEVICE_GUARD": "1"}
+ENGINE = [
+    "algorithm.minibatches=2",
+    "algorithm.old_logprobs=engine",
+    "algorithm.kl_coef=0.04",
+    "algorithm.dynamic_sampling=true",
+    "logger.wandb=false",
+]
+# `verbose`: rollout.oversample=1.5, no KL (no reference phase), MEGATRON_RL_VERBOSE=1, no W&B.
+VERBOSE_STEPS = 2
+VERBOSE = ["algorithm.kl_coef=0", "rollout.oversample=1.5", "logger.wandb=false"]
+VERBOSE_ENV = {"MEGATRON_RL_VERBOSE": "1"}
+# The kill-and-resume tests' runs (tests/integration/checkpoint/conftest.py: their uninterrupted run `A`,
+# shared): 4 steps, a checkpoint (asynchronous) after every step.
+RESUME_STEPS = 4
+SAVE_EVERY_STEP = [
+    "checkpoint.interval=1",
+    "checkpoint.keep_last=5",
+    "checkpoint.async_save=true",
+    "logger.wandb=false",
+]
+
 
 def launch(
     tmp: Path,

@@ -106,8 +106,21 @@ def _doctor(*args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def test_what_the_doctor_reports_on_this_cpu_machine():
-    proc = _doctor("--json")
+GPU_RECIPE = ["cluster=h100_80gb", "cluster.gpus_per_node=2"]
+
+
+@pytest.fixture(scope="module")
+def doctor_runs() -> dict[str, subprocess.CompletedProcess]:
+    """The two doctor processes below, side by side (each ~10 s of imports on one core)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = {"json": ["--json"], "gpu_recipe": ["grpo_tiny_cpu", *GPU_RECIPE]}
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(cases, pool.map(lambda args: _doctor(*args), cases.values())))
+
+
+def test_what_the_doctor_reports_on_this_cpu_machine(doctor_runs):
+    proc = doctor_runs["json"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout)
     f = out["facts"]
@@ -117,9 +130,8 @@ def test_what_the_doctor_reports_on_this_cpu_machine():
     assert f["megatron_core"] == "0.16.1" and f["megatron_te_range"] == "<2.12.0,>=2.9.0a0"
 
 
-@pytest.mark.parametrize("overrides", [["cluster=h100_80gb", "cluster.gpus_per_node=2"]])
-def test_the_doctor_refuses_a_gpu_recipe_here_with_exit_2(overrides):
-    proc = _doctor("grpo_tiny_cpu", *overrides)
+def test_the_doctor_refuses_a_gpu_recipe_here_with_exit_2(doctor_runs):
+    proc = doctor_runs["gpu_recipe"]
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert (
         "refused: CUDA: cluster h100_80gb is a GPU cluster (gpu=h100) but CUDA is unavailable here"

@@ -2,7 +2,9 @@
 that verifies and loads exactly its weights; a full disk is named as such (sync and async saves).
 
 The checkpoints come from worker_integrity.py (steps 1 and 2 saved asynchronously, 3 synchronously);
-each test damages a copy. Weights are compared through per-rank digests of the loaded parameters.
+each test damages a copy. Weights are compared through per-rank digests of the loaded parameters. The
+loads (and the full disks) of several tests run as jobs of one torchrun (`batch`: a fresh policy per
+job), prepared by a module fixture; each test then checks its own job.
 """
 
 import json
@@ -26,6 +28,13 @@ WORKER = "tests/integration/checkpoint/worker_integrity.py"
 def _result(proc) -> dict:
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT "))
+
+
+def _batch(jobs: dict[str, list[str]], folder: Path, timeout: float = 600) -> dict:
+    """Run every job (id -> MODE ROOT [...]) in one torchrun; {id: its result}."""
+    spec = folder / "jobs.json"
+    spec.write_text(json.dumps([{"id": k, "args": v} for k, v in jobs.items()]))
+    return _result(torchrun(WORKER, 2, ["batch", str(spec)], timeout=timeout))
 
 
 @pytest.fixture(scope="module")
@@ -93,80 +102,108 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_its_reason(saved, tmp_path,
     assert subprocess.run([str(cli), "ckpt", "verify", str(root)], capture_output=True).returncode == 1
 
 
-def test_resume_loads_exactly_the_newest_verified_checkpoint_and_prune_keeps_it(saved, tmp_path):
-    root = _copy(saved, tmp_path)
-    _flip64(step_dir(root, 3) / "dist" / "__0_0.distcp")
-    (step_dir(root, 2) / "dist" / "__1_0.distcp").unlink()
-    loaded = _result(torchrun(WORKER, 2, ["load", str(root)]))
+@pytest.fixture(scope="module")
+def resumed(saved, tmp_path_factory):
+    """The resumes of the four tests below, one job each of one torchrun: {job: (its root, its result)}.
+    `newest_verified`: step 3 has 64 flipped bytes, step 2 a missing shard; `between_renames`: killed
+    after step_3 -> step_3.replaced, before step_3.partial -> step_3 (the old copy: step 2's save);
+    `update` / `lr`: the pristine run resumed at step 1 / 2, the next optimizer step taken again."""
+    folder = tmp_path_factory.mktemp("resumed")
+    damaged = _copy(saved, folder / "newest_verified")
+    _flip64(step_dir(damaged, 3) / "dist" / "__0_0.distcp")
+    (step_dir(damaged, 2) / "dist" / "__1_0.distcp").unlink()
+    renamed = _copy(saved, folder / "between_renames")
+    s3 = step_dir(renamed, 3)
+    s3.rename(s3.with_name(s3.name + ".partial"))
+    shutil.copytree(step_dir(renamed, 2), s3.with_name(s3.name + ".replaced"))
+    assert [s for s, _ in list_checkpoints(renamed)] == [1, 2]
+    pristine = saved[0]
+    roots = {"newest_verified": damaged, "between_renames": renamed, "update": pristine, "lr": pristine}
+    jobs = {
+        "newest_verified": ["load", str(damaged)],
+        "between_renames": ["load", str(renamed)],
+        "update": ["continue", str(pristine)],
+        "lr": ["continue", str(pristine), "2"],
+    }
+    out = _batch(jobs, folder)
+    return {job: (roots[job], out[job]) for job in jobs}
+
+
+def test_resume_loads_exactly_the_newest_verified_checkpoint_and_prune_keeps_it(saved, resumed):
+    root, loaded = resumed["newest_verified"]
     assert loaded["path"] == str(step_dir(root, 1)) and loaded["step"] == 1
     assert loaded["digests"] == saved[1][1] != saved[1][3]
     prune(root, keep_last=2)
     assert [s for s, _ in list_checkpoints(root)] == [1, 2, 3]  # the only intact one stays
 
 
-def test_a_crash_between_the_renames_of_a_resave_resumes_the_new_save(saved, tmp_path):
+def test_a_crash_between_the_renames_of_a_resave_resumes_the_new_save(saved, resumed):
     """Killed after step_3 -> step_3.replaced, before step_3.partial -> step_3: both copies are sealed
     (the old one here is step 2's save); resume restores the new one and loads it, nothing is lost."""
-    root = _copy(saved, tmp_path)
+    root, loaded = resumed["between_renames"]
     s3 = step_dir(root, 3)
-    s3.rename(s3.with_name(s3.name + ".partial"))
-    shutil.copytree(step_dir(root, 2), s3.with_name(s3.name + ".replaced"))
-    assert [s for s, _ in list_checkpoints(root)] == [1, 2]
-    loaded = _result(torchrun(WORKER, 2, ["load", str(root)]))
     assert loaded["path"] == str(s3) and loaded["step"] == 3 and loaded["digests"] == saved[1][3]
     prune(root, keep_last=2)
     assert [p.name for p in sorted(root.iterdir())] == ["step_000002", "step_000003"]
 
 
-def test_an_update_after_resume_equals_the_uninterrupted_update(saved):
+def test_an_update_after_resume_equals_the_uninterrupted_update(saved, resumed):
     """Model, Adam moments and Adam's step all come back: the next update is bit-identical.
 
     (megatron-core's CPU path shared one `step` tensor between all parameters after a load, which
     torch's Adam then advanced once per parameter: save.unshare_adam_steps.)"""
-    root, digests = saved
-    out = _result(torchrun(WORKER, 2, ["continue", str(root)]))
+    _, digests = saved
+    _, out = resumed["update"]
     assert out["digests"] == digests[2]
 
 
-def test_the_lr_schedule_continues_exactly_after_resume(saved_run):
+def test_the_lr_schedule_continues_exactly_after_resume(saved_run, resumed):
     """Resumed at step 2 (a policy that had already stepped once), step 3 runs at the LR and gives the
     weights of the uninterrupted run's step 3: the scheduler's step count comes back from the checkpoint
     (warm-up then cosine, so every step's LR differs)."""
-    root, out = saved_run
+    _, out = saved_run
     lrs = {int(k): v for k, v in out["lr"].items()}
     assert len(set(lrs.values())) == 3
-    resumed = _result(torchrun(WORKER, 2, ["continue", str(root), "2"]))
-    assert resumed["lr"] == lrs[3]
-    assert resumed["digests"] == out["3"]
-
-
-@pytest.fixture
-def disk(tmp_path):
-    def mount(size: str):
-        mnt = tmp_path / f"disk_{size}"
-        mnt.mkdir()
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)]).returncode:
-            pytest.skip("cannot mount a tmpfs here (needs root)")
-        mounted.append(mnt)
-        return mnt
-
-    mounted = []
-    yield mount
-    for mnt in mounted:
-        subprocess.run(["umount", str(mnt)], check=True)
+    _, resumed_at_2 = resumed["lr"]
+    assert resumed_at_2["lr"] == lrs[3]
+    assert resumed_at_2["digests"] == out["3"]
 
 
 # The tiny checkpoint is 19.77 MB on disk; the pre-save estimate 19.44 MB. 4 MiB fails the check before
 # a byte is written; 19.6 MB passes it, and the writes themselves run out of space. 12 MiB holds each
 # rank's half but not the total: only rank 0 compares the total, and every rank must still raise.
-@pytest.mark.parametrize(
-    "size,mode",
-    [("4m", "async"), ("12m", "sync"), ("19600000", "sync"), ("19600000", "async")],
-    ids=["before", "total", "sync", "async"],
-)
-def test_a_full_disk_says_no_space_left_naming_the_directory_and_bytes(disk, size, mode):
-    mnt = disk(size)
-    out = _result(torchrun(WORKER, 2, ["nospace", str(mnt / "run"), mode], timeout=300))
+DISKS = {
+    "before": ("4m", "async"),
+    "total": ("12m", "sync"),
+    "sync": ("19600000", "sync"),
+    "async": ("19600000", "async"),
+}
+
+
+@pytest.fixture(scope="module")
+def full_disks(tmp_path_factory):
+    """Each case of DISKS saved onto a tmpfs of its size, one job each of one torchrun: {case: (mount, result)}."""
+    folder = tmp_path_factory.mktemp("disks")
+    mounted = []
+    try:
+        for case, (size, _) in DISKS.items():
+            mnt = folder / f"disk_{case}"
+            mnt.mkdir()
+            if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)]).returncode:
+                pytest.skip("cannot mount a tmpfs here (needs root)")
+            mounted.append(mnt)
+        jobs = {case: ["nospace", str(mnt / "run"), DISKS[case][1]] for case, mnt in zip(DISKS, mounted)}
+        out = _batch(jobs, folder)
+        yield {case: (mnt, out[case]) for case, mnt in zip(DISKS, mounted)}
+    finally:
+        for mnt in mounted:
+            subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.parametrize("case", list(DISKS))
+def test_a_full_disk_says_no_space_left_naming_the_directory_and_bytes(full_disks, case):
+    size, _ = DISKS[case]
+    mnt, out = full_disks[case]
     assert out["error"].startswith(f"no space left on device for the checkpoint in {mnt / 'run'}")
     assert "19435520 bytes" in out["error"] and "checkpoint.dir" in out["error"]
     assert out["errors"] == [out["error"]] * 2  # the same verdict on every rank, none left waiting

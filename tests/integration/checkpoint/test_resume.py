@@ -1,6 +1,7 @@
 """Checkpoint, resume and export on the tiny recipe (real megatron-core dist-checkpointing, real loop).
 
-- A: 4 steps uninterrupted, saving every step.
+- A: 4 steps uninterrupted, saving every step (conftest.py's `uninterrupted`, shared with
+  test_resume_integrity.py).
 - B: the same run killed with SIGKILL (whole process group) at a random moment after step 2's
   record appears -- in step 3, or in the middle of step 2's or 3's save -- then resumed with
   checkpoint.resume=auto and finished. Its records of the steps after the resume point must equal
@@ -17,11 +18,11 @@ import pytest
 import torch
 
 from tests.helpers.launch import torchrun
-from tests.helpers.tiny_run import kill_run, launch, records
+from tests.helpers.tiny_run import RESUME_STEPS, SAVE_EVERY_STEP, kill_run, launch, records
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-N = 2
-SAVE = ["checkpoint.interval=1", "checkpoint.keep_last=5"]
+N = RESUME_STEPS // 2  # A (conftest.py's `uninterrupted`) and B run 2N steps
+SAVE = SAVE_EVERY_STEP
 
 
 def deterministic(rec: dict) -> dict:
@@ -37,9 +38,9 @@ def deterministic(rec: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ckpt")
-    launch(tmp, 2 * N, SAVE, name="A")
+def runs(uninterrupted):
+    """A (conftest.py's `uninterrupted`) and B, killed and resumed, in the same folder."""
+    tmp = uninterrupted
     proc = launch(tmp, 2 * N, SAVE, name="B", wait=False)
     steps_file = tmp / "outputs" / "B" / "steps.jsonl"
     deadline = time.time() + 600
@@ -78,10 +79,11 @@ def test_incomplete_checkpoint_is_skipped(runs, tmp_path):
     root = tmp / "ckpt" / "A"
     newest = newest_complete(root)
     assert newest is not None and newest[0] == 2 * N
+    marker = (newest[1] / "COMPLETE").read_bytes()
     (newest[1] / "COMPLETE").unlink()
     older = newest_complete(root)
     assert older is not None and older[0] == 2 * N - 1
-    (newest[1] / "COMPLETE").write_text("{}")
+    (newest[1] / "COMPLETE").write_bytes(marker)  # A's checkpoints serve the tests after this one
 
 
 def test_save_at_tp2_resume_at_tp1_pp2(runs):

@@ -1,7 +1,8 @@
 """kill -9 in the middle of an asynchronous save, then resume: the run takes the previous verified
 checkpoint and reproduces the uninterrupted run bit for bit from there (the tiny recipe, real loop).
 
-- A: 4 steps uninterrupted, saving every step (async).
+- A: 4 steps uninterrupted, saving every step (async; conftest.py's `uninterrupted`, shared with
+  test_resume.py).
 - B: the same run, killed (SIGKILL to the whole process group) as soon as the save of step >= 2 has
   started (its `step_N.partial` directory appears), then resumed with checkpoint.resume=auto.
 The records of B after its resume point must equal A's in every deterministic field.
@@ -13,12 +14,12 @@ import pytest
 
 from megatron_rl.checkpoint.integrity import verify
 from megatron_rl.checkpoint.store import list_checkpoints, partial_dir, step_dir
-from tests.helpers.tiny_run import kill_run, launch, records
+from tests.helpers.tiny_run import RESUME_STEPS, SAVE_EVERY_STEP, kill_run, launch, records
 from tests.integration.checkpoint.test_resume import deterministic
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-STEPS = 4
-SAVE = ["checkpoint.interval=1", "checkpoint.keep_last=5", "checkpoint.async_save=true"]
+STEPS = RESUME_STEPS
+SAVE = SAVE_EVERY_STEP  # asynchronous saves
 
 
 def _kill_during_save(tmp, proc) -> tuple[int, bool]:
@@ -38,9 +39,9 @@ def _kill_during_save(tmp, proc) -> tuple[int, bool]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(uninterrupted, tmp_path_factory):
+    """B, killed during a save and resumed, in a folder of its own; A's records."""
     tmp = tmp_path_factory.mktemp("kill_async")
-    launch(tmp, STEPS, SAVE, name="A")
     proc = launch(tmp, STEPS, SAVE, name="B", wait=False)
     killed_in, hashed = _kill_during_save(tmp, proc)
     root = tmp / "ckpt" / "B"
@@ -54,22 +55,22 @@ def runs(tmp_path_factory):
         "still_running": (steps_file.read_text() if steps_file.exists() else "") != written,
     }
     launch(tmp, STEPS, SAVE, name="B")  # resume=auto
-    return tmp, killed_in, hashed, left
+    return tmp, killed_in, hashed, left, records(uninterrupted, "A")
 
 
 def test_the_interrupted_save_left_no_checkpoint(runs):
-    _, killed_in, _, left = runs
+    _, killed_in, _, left, _ = runs
     assert not left["still_running"] and left["records_at_kill"] < STEPS
     assert left["partial"] and killed_in not in left["complete"]
     assert max(left["complete"]) == killed_in - 1
 
 
 def test_resume_takes_the_previous_verified_step_and_reproduces_the_run(runs):
-    tmp, killed_in, hashed, _ = runs
+    tmp, killed_in, hashed, _, a_records = runs
     log = (tmp / "B.log").read_text()
     previous = step_dir(tmp / "ckpt" / "B", killed_in - 1)
     assert f"resumed from {previous} at step {killed_in - 1}" in log
-    a = {r["step"]: r for r in records(tmp, "A")}
+    a = {r["step"]: r for r in a_records}
     b: dict[int, dict] = {}
     for r in records(tmp, "B"):
         b[r["step"]] = r  # a step redone after the resume overwrites the killed run's record
@@ -83,7 +84,7 @@ def test_resume_takes_the_previous_verified_step_and_reproduces_the_run(runs):
 
 
 def test_after_the_resumed_run_every_checkpoint_verifies_and_no_partial_is_left(runs):
-    tmp, _, _, _ = runs
+    tmp, _, _, _, _ = runs
     root = tmp / "ckpt" / "B"
     assert [s for s, _ in list_checkpoints(root)] == list(range(1, STEPS + 1))
     assert all(verify(p) == [] for _, p in list_checkpoints(root))

@@ -4,8 +4,10 @@
     torchrun --nproc-per-node 2 worker_integrity.py load ROOT     # resume=auto: which step, which weights
     torchrun --nproc-per-node 2 worker_integrity.py continue ROOT [N] # load step N (1), redo step N+1
     torchrun --nproc-per-node 2 worker_integrity.py nospace ROOT sync|async  # ROOT on a disk too small
+    torchrun --nproc-per-node 2 worker_integrity.py batch JOBS.json   # several of the above, one process
 
-Prints one JSON line (rank 0) prefixed with RESULT. Weights are compared by their digest per rank.
+Prints one JSON line (rank 0) prefixed with RESULT (for `batch`: {job id: its result}, each job with a
+policy of its own, as a process of its own would build it). Weights are compared by their digest per rank.
 The optimizer warms up and decays its LR (OPTIM), so an update after a resume equals the
 uninterrupted one only if the LR schedule continues where it was saved.
 """
@@ -52,18 +54,31 @@ def _train_step(policy, spec, seed: int) -> float:
 
 
 def main() -> None:
-    from megatron_rl.checkpoint.integrity import NoSpaceError
-    from megatron_rl.checkpoint.resume import find, load
-    from megatron_rl.checkpoint.save import Checkpointer
     from megatron_rl.config.load import load_recipe
     from megatron_rl.models.spec import ModelSpec
     from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.trainer.parallel import init_parallel, launched_world
-    from megatron_rl.trainer.policy import OptimSettings, Policy
 
-    mode, root = sys.argv[1], Path(sys.argv[2])
     state = init_parallel(ParallelLayout.over(launched_world(), 2, 1))
     spec = ModelSpec.from_config(load_recipe("grpo_tiny_cpu").model)
+    if sys.argv[1] == "batch":
+        jobs = json.loads(Path(sys.argv[2]).read_text())
+        result = {job["id"]: run(job["args"], state, spec) for job in jobs}
+    else:
+        result = run(sys.argv[1:], state, spec)
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+    dist.barrier()
+
+
+def run(args: list[str], state, spec) -> dict:
+    """One job: `args` as on the command line (MODE ROOT [...])."""
+    from megatron_rl.checkpoint.integrity import NoSpaceError
+    from megatron_rl.checkpoint.resume import find, load
+    from megatron_rl.checkpoint.save import Checkpointer
+    from megatron_rl.trainer.policy import OptimSettings, Policy
+
+    mode, root = args[0], Path(args[1])
     policy = Policy(spec, state, optim=OptimSettings(**OPTIM), micro_batch_size=2)
     procs = _Processes(dist.get_rank())
     result: dict = {}
@@ -88,14 +103,14 @@ def main() -> None:
             result["step"] = load(path, procs.rank, policy, None, _Task())["step"]
             result["digests"] = _all_digests(policy)
     elif mode == "continue":  # resume from step N and take step N+1's optimizer step again
-        n = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+        n = int(args[2]) if len(args) > 2 else 1
         _train_step(policy, spec, 99)  # also advances the schedule: the load must set, not add
         load(root / f"step_{n:06d}", procs.rank, policy, None, _Task())
         result["lr"] = _train_step(policy, spec, n + 1)
         result["digests"] = _all_digests(policy)
     elif mode == "nospace":
         _train_step(policy, spec, 1)
-        ck = Checkpointer(root, procs, async_save=sys.argv[3] == "async")
+        ck = Checkpointer(root, procs, async_save=args[2] == "async")
         try:
             ck.save(1, policy, None, {"step": 1, "world_size": 2, "task": {}})
             ck.close()
@@ -106,9 +121,8 @@ def main() -> None:
         every: list = [None] * dist.get_world_size()  # every rank must reach the same verdict
         dist.all_gather_object(every, result["error"], group=state.cpu_group)
         result["errors"] = every
-    if dist.get_rank() == 0:
-        print("RESULT " + json.dumps(result), flush=True)
     dist.barrier()
+    return result
 
 
 if __name__ == "__main__":

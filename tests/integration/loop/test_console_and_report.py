@@ -1,20 +1,21 @@
 """A quiet terminal and `megatron-rl report` on runs of the tiny recipe (real trainer, engines, sandbox).
 
-Run A (3 steps, quiet, progress bar on) is what `make demo` looks like; run B (2 steps, no KL, so no
-reference phase) runs with MEGATRON_RL_VERBOSE=1 and shows what the quiet terminal keeps out: the same
-line budget that A passes fails there.
+Run A (conftest.py's `tiny_run`: 3 steps, quiet, progress bar on) is what `make demo` looks like; run B
+(`verbose_oversampled_run`: 2 steps, no KL, so no reference phase) runs with MEGATRON_RL_VERBOSE=1 and
+shows what the quiet terminal keeps out: the same line budget that A passes fails there.
 """
 
 import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from megatron_rl.telemetry.phases import PHASES
 from tests.helpers.launch import REPO
-from tests.helpers.tiny_run import launch
+from tests.helpers.tiny_run import TINY_STEPS, VERBOSE_STEPS, launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 BUDGET = 60
@@ -31,11 +32,17 @@ def console_lines(text: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("console")
-    launch(tmp, 3, ["logger.progress=true"], name="quiet")
-    launch(tmp, 2, ["algorithm.kl_coef=0"], name="verbose", env={"MEGATRON_RL_VERBOSE": "1"})
-    return tmp
+def runs(tiny_run, verbose_oversampled_run):
+    """Run A's folder and run B's: <folder>/<name>.log is the terminal, <folder>/outputs/<name> the run."""
+    return tiny_run[0] / "tiny", verbose_oversampled_run[0] / "verbose"
+
+
+def _terminal(run: Path) -> str:
+    return (run.parent / f"{run.name}.log").read_text()
+
+
+def _outputs(run: Path) -> Path:
+    return run.parent / "outputs" / run.name
 
 
 def _report(*args: str) -> subprocess.CompletedProcess:
@@ -49,11 +56,12 @@ def _report(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_quiet_terminal_fits_the_line_budget_and_keeps_what_matters(runs):
-    text = (runs / "quiet.log").read_text()
+    quiet, _ = runs
+    text = _terminal(quiet)
     lines = console_lines(text)
     assert len(lines) <= BUDGET, "\n".join(lines)
     assert lines[0].startswith("megatron-rl train grpo_tiny_cpu"), lines[:3]
-    assert any("outputs" in line and "quiet" in line for line in lines[:5])
+    assert any(str(_outputs(quiet)) in line for line in lines[:5]), lines[:5]
     assert any(line.startswith("reward: first-") for line in lines)
     assert any(line.lstrip().startswith("generation") for line in lines), "no per-phase table"
     assert "grpo reward=" in text, "the progress bar is gone"
@@ -62,28 +70,28 @@ def test_quiet_terminal_fits_the_line_budget_and_keeps_what_matters(runs):
 
 
 def test_log_txt_holds_every_rank_prefixed(runs):
-    log = (runs / "outputs" / "quiet" / "log.txt").read_text()
+    log = (_outputs(runs[0]) / "log.txt").read_text()
     assert "[rank0] " in log and "[rank1] " in log
     assert all(line.startswith("[rank") for line in log.splitlines() if line)
     assert "Transformer Engine" in log, "third-party warnings belong in log.txt"
 
 
 def test_no_chat_template_warmup(runs):
-    for name in ("quiet", "verbose"):
-        assert "Chat template warmup" not in (runs / "outputs" / name / "log.txt").read_text()
+    for run in runs:
+        assert "Chat template warmup" not in (_outputs(run) / "log.txt").read_text()
 
 
 def test_verbose_restores_everything_on_the_terminal(runs):
-    lines = console_lines((runs / "verbose.log").read_text())
+    lines = console_lines(_terminal(runs[1]))
     assert len(lines) > BUDGET, "verbose shows the third-party output the quiet terminal keeps out"
     assert any("Transformer Engine" in line for line in lines)
 
 
 def test_report_json_has_every_section(runs):
-    done = _report(str(runs / "outputs" / "quiet"), "--json")
+    done = _report(str(_outputs(runs[0])), "--json")
     assert done.returncode == 0, done.stderr
     rep = json.loads(done.stdout)
-    assert rep["steps"] == 3 and rep["ranks"] == 2
+    assert rep["steps"] == TINY_STEPS == 3 and rep["ranks"] == 2
     assert set(rep["phases"]) == set(PHASES)
     gen = rep["phases"]["generation"]
     assert set(gen["seconds"]) == {"mean", "p50", "max"} and gen["seconds"]["max"] > 0
@@ -99,7 +107,7 @@ def test_report_json_has_every_section(runs):
 
 def test_report_trace_is_chrome_trace_with_every_rank(runs, tmp_path):
     trace = tmp_path / "trace.json"
-    done = _report(str(runs / "outputs" / "quiet"), "--trace", str(trace))
+    done = _report(str(_outputs(runs[0])), "--trace", str(trace))
     assert done.returncode == 0, done.stderr
     events = json.loads(trace.read_text())["traceEvents"]
     spans = [e for e in events if e["ph"] == "X"]
@@ -114,18 +122,19 @@ def test_report_trace_is_chrome_trace_with_every_rank(runs, tmp_path):
 
 def test_report_plot_and_timeline_are_pngs(runs, tmp_path):
     png = tmp_path / "report.png"
-    done = _report(str(runs / "outputs" / "quiet"), "--plot", str(png))
+    done = _report(str(_outputs(runs[0])), "--plot", str(png))
     assert done.returncode == 0, done.stderr
     assert png.read_bytes()[:4] == b"\x89PNG"
-    assert (runs / "outputs" / "quiet" / "timeline.png").read_bytes()[:4] == b"\x89PNG"
-    blobs = [f.read_bytes() for f in (runs / "outputs" / "quiet").rglob("run-*.wandb")]
+    assert (_outputs(runs[0]) / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+    blobs = [f.read_bytes() for f in _outputs(runs[0]).rglob("run-*.wandb")]
     assert blobs and any(b"figures/timeline" in blob for blob in blobs), "W&B gets the timeline too"
 
 
 def test_compare_puts_two_runs_side_by_side(runs):
-    a, b = runs / "outputs" / "quiet", runs / "outputs" / "verbose"
+    a, b = _outputs(runs[0]), _outputs(runs[1])
     done = _report(str(a), "--compare", str(b))
     assert done.returncode == 0, done.stderr
+    assert (TINY_STEPS, VERBOSE_STEPS) == (3, 2)
     assert "(3 steps)" in done.stdout and "(2 steps)" in done.stdout
     row = next(line for line in done.stdout.splitlines() if line.strip().startswith("generation "))
     assert len(row.split()) == 4, row
@@ -146,7 +155,7 @@ def test_plan_from_steps_prints_measured_next_to_predicted(runs):
             "grpo_tiny_cpu",
             "--no-search",
             "--from-steps",
-            str(runs / "outputs" / "quiet" / "steps.jsonl"),
+            str(_outputs(runs[0]) / "steps.jsonl"),
         ],
         capture_output=True,
         text=True,

@@ -1,26 +1,25 @@
 """algorithm.old_logprobs end to end on the tiny recipe: with one minibatch, `auto` drops the old-policy
 forward and trains exactly as `recompute` does (same seeds, same rewards, same agreement); `engine` takes
-the engines' log-probs at two minibatches. In every case the engine-vs-trainer agreement is measured."""
+the engines' log-probs at two minibatches. In every case the engine-vs-trainer agreement is measured.
+
+The `recompute` run is conftest.py's `tiny_run` (one minibatch, KL 0.04); `auto` takes its settings
+(tests/helpers/tiny_run.py TINY) with old_logprobs=auto, so only that differs between the two. The
+`engine` run is conftest.py's `engine_run` (KL 0.04, dynamic sampling, under the device guard)."""
 
 import pytest
 
-from tests.helpers.tiny_run import launch, records
+from tests.helpers.tiny_run import ENGINE_STEPS, TINY, TINY_STEPS, launch, records
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-STEPS = 3
+STEPS = TINY_STEPS
+assert ENGINE_STEPS == STEPS
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, tiny_run, engine_run):
     tmp = tmp_path_factory.mktemp("old_logprobs")
-    cases = {
-        "auto": ["algorithm.minibatches=1", "algorithm.old_logprobs=auto"],
-        "recompute": ["algorithm.minibatches=1", "algorithm.old_logprobs=recompute"],
-        "engine": ["algorithm.minibatches=2", "algorithm.old_logprobs=engine"],
-    }
-    for name, extra in cases.items():
-        launch(tmp, STEPS, [*extra, "algorithm.kl_coef=0.04", "logger.wandb=false"], name=name)
-    return {name: records(tmp, name) for name in cases}
+    launch(tmp, STEPS, [*TINY, "algorithm.old_logprobs=auto"], name="auto")
+    return {"auto": records(tmp, "auto"), "recompute": tiny_run[1], "engine": engine_run[1]}
 
 
 def test_auto_skips_the_old_forward_and_trains_as_recompute_does(runs):

@@ -4,14 +4,15 @@ prompts, trains on the first 4 groups to finish (2 per engine) with all their sa
 
 import pytest
 
-from tests.helpers.tiny_run import launch, records
+from tests.helpers.tiny_run import VERBOSE_STEPS, launch, records
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-def test_oversampled_steps_train_full_groups_of_the_first_prompts_to_finish(tmp_path):
-    launch(tmp_path, 2, ["rollout.oversample=1.5", "logger.wandb=false"], name="over")
-    over = records(tmp_path, "over")
+def test_oversampled_steps_train_full_groups_of_the_first_prompts_to_finish(verbose_oversampled_run):
+    """conftest.py's `verbose_oversampled_run` (rollout.oversample=1.5; no KL, a verbose terminal)."""
+    _, over = verbose_oversampled_run
+    assert [r["step"] for r in over] == list(range(1, VERBOSE_STEPS + 1))
     for r in over:
         assert r["generation"]["prompts_drawn"] == 6 and r["generation"]["samples_dropped"] == 8
         # 4 prompts x 4 samples trained, every group whole (group advantages need all n)

@@ -1,38 +1,21 @@
 """The tiny recipe end to end for a few steps: real megatron-core (TP2), real vLLM (CPU build),
-real sandboxed rewards, real resharding. Checks the step records the telemetry writes."""
+real sandboxed rewards, real resharding. Checks the step records the telemetry writes (the run is
+conftest.py's `tiny_run`, KL on; the loop under the device guard: test_guarded_loop.py). One launch:
+`make test-quick` runs this file."""
 
 import math
 
 import pytest
 
 from megatron_rl.telemetry.phases import PHASES
-from tests.helpers.tiny_run import assert_no_alarm, launch, records
+from tests.helpers.tiny_run import TINY_STEPS as STEPS
+from tests.helpers.tiny_run import assert_no_alarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-STEPS = 3
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("loop")
-    # Under the device guard (trainer/device_guard.py): the whole loop fails here where it would on a GPU.
-    launch(
-        tmp,
-        STEPS,
-        ["algorithm.kl_coef=0.01", "algorithm.dynamic_sampling=true"],
-        env={"MEGATRON_RL_DEVICE_GUARD": "1"},
-    )
-    return tmp, records(tmp)
-
-
-def test_the_loop_ran_under_the_device_guard(run):
-    tmp, _ = run
-    # The ranks share the launcher's environment; the terminal shows the warning once.
-    assert "device guard installed" in (tmp / "run.log").read_text()
-
-
-def test_every_step_recorded_with_every_phase(run):
-    _, recs = run
+def test_every_step_recorded_with_every_phase(tiny_run):
+    _, recs = tiny_run
     assert [r["step"] for r in recs] == list(range(1, STEPS + 1))
     for r in recs:
         assert set(r["phases"]) == set(PHASES)
@@ -49,8 +32,8 @@ def test_every_step_recorded_with_every_phase(run):
     assert recs[0]["phases"]["init"]["seconds"] > 0
 
 
-def test_memory_is_the_max_over_every_rank(run):
-    _, recs = run
+def test_memory_is_the_max_over_every_rank(tiny_run):
+    _, recs = tiny_run
     for r in recs:
         for name, ph in r["phases"].items():
             by_rank = ph["mem_gib_by_rank"]
@@ -62,8 +45,8 @@ def test_memory_is_the_max_over_every_rank(run):
     assert all(m > 0.1 for m in gen)
 
 
-def test_versions_increase_by_one_per_step(run):
-    _, recs = run
+def test_versions_increase_by_one_per_step(tiny_run):
+    _, recs = tiny_run
     versions = [r["version"] for r in recs]
     assert all(isinstance(v, int) for v in versions), versions
     assert [b - a for a, b in zip(versions, versions[1:])] == [1] * (STEPS - 1)
@@ -74,16 +57,16 @@ def test_versions_increase_by_one_per_step(run):
     assert_no_alarm(recs)  # every version probed before it served, none refused
 
 
-def test_logprob_agreement_finite_and_within_tolerance(run):
-    _, recs = run
+def test_logprob_agreement_finite_and_within_tolerance(tiny_run):
+    _, recs = tiny_run
     for r in recs:
         a = r["logprob_agreement"]
         assert math.isfinite(a["max_abs_diff"]) and math.isfinite(a["mean_abs_diff"])
         assert a["max_abs_diff"] < 1e-3, a
 
 
-def test_rewards_kl_and_throughput_are_recorded(run):
-    _, recs = run
+def test_rewards_kl_and_throughput_are_recorded(tiny_run):
+    _, recs = tiny_run
     for r in recs:
         assert 0.0 <= r["reward"]["mean"] <= 1.0
         assert sum(r["reward"]["statuses"].values()) == 16
@@ -91,23 +74,16 @@ def test_rewards_kl_and_throughput_are_recorded(run):
         assert r["throughput"]["generated_tokens_per_s"] > 0
 
 
-def test_wandb_offline_run_holds_the_metrics(run):
-    tmp, _ = run
-    files = list((tmp / "outputs" / "run").rglob("run-*.wandb"))
+def test_wandb_offline_run_holds_the_metrics(tiny_run):
+    tmp, _ = tiny_run
+    files = list((tmp / "outputs" / "tiny").rglob("run-*.wandb"))
     assert files, "no offline W&B run was written"
     blob = files[0].read_bytes()
     for key in (b"reward/mean", b"phases/generation/seconds", b"logprob_agreement/max_abs_diff"):
         assert key in blob, key
 
 
-def test_timeline_png_written(run):
-    tmp, _ = run
-    png = tmp / "outputs" / "run" / "timeline.png"
+def test_timeline_png_written(tiny_run):
+    tmp, _ = tiny_run
+    png = tmp / "outputs" / "tiny" / "timeline.png"
     assert png.exists() and png.read_bytes()[:4] == b"\x89PNG"
-
-
-def test_dynamic_sampling_keeps_the_batch_full(run):
-    _, recs = run
-    for r in recs:
-        assert r["sampling_rounds"] >= 1
-        assert sum(r["reward"]["statuses"].values()) == 16, "the batch keeps its shape"

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from megatron_rl.models.fixture import build_fixture
-from tests.helpers.launch import REPO, run_worker
+from tests.helpers.launch import REPO, run_workers, worker_result
 
 pytestmark = [
     pytest.mark.vllm,
@@ -18,14 +18,30 @@ pytestmark = [
     ),
 ]
 WORKER = REPO / "tests/integration/rollout/worker_fixture_logprobs.py"
+FAMILIES = ["qwen2", "qwen3", "llama", "qwen3_moe"]
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama", "qwen3_moe"])
-def test_engine_logprobs_match_transformers(tmp_path, family):
-    fixture = build_fixture(family, tmp_path / family)
-    out = tmp_path / "r.json"
-    run_worker(WORKER, [str(out), str(fixture)])
-    r = json.loads(out.read_text())
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict:
+    """Every case's worker (one engine process each, two at a time): {case: its result or failure}. A case
+    is a family, or `reload` (the qwen3_moe fixture's tensors given as a publication)."""
+    tmp = tmp_path_factory.mktemp("fixture_logprobs")
+    fixtures = {family: build_fixture(family, tmp / family) for family in FAMILIES}
+    jobs = {f: (WORKER, [str(tmp / f"{f}.json"), str(fixtures[f])]) for f in FAMILIES}
+    jobs["reload"] = (WORKER, [str(tmp / "reload.json"), str(fixtures["qwen3_moe"]), "reload"])
+    done = run_workers(jobs)
+    return {case: (done[case], tmp / f"{case}.json") for case in jobs}
+
+
+def _result(results, case) -> dict:
+    outcome, out = results[case]
+    worker_result(outcome)  # this case's failure, raised in its own test
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_engine_logprobs_match_transformers(results, family):
+    r = _result(results, family)
     print(family, r)
     assert r["tokens"] > 0 and r["longest"] > 64  # past the llama fixture's original context
     if family == "llama":
@@ -35,15 +51,12 @@ def test_engine_logprobs_match_transformers(tmp_path, family):
     assert r["max_abs_diff"] <= 1e-4, r
 
 
-def test_published_moe_experts_serve_the_published_weights(tmp_path):
+def test_published_moe_experts_serve_the_published_weights(results):
     """A Qwen3-MoE engine that receives its weights as a publication (dummy start, vLLM's reload) serves
     them: vLLM's CPU reload leaves the experts unpacked (rollout/moe_reload.py), so each layer is
     repacked after it; without that the log-probs were 0.12 nats off. When a vLLM release repacks them
     itself, `experts_repacked` drops to 0 and this test says so."""
-    fixture = build_fixture("qwen3_moe", tmp_path / "qwen3_moe")
-    out = tmp_path / "r.json"
-    run_worker(WORKER, [str(out), str(fixture), "reload"])
-    r = json.loads(out.read_text())
+    r = _result(results, "reload")
     print(r)
     assert r["max_abs_diff"] <= 1e-4, r
     assert r["experts_repacked"] == 2, "vLLM now repacks reloaded experts itself: drop rollout/moe_reload.py"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from megatron_rl.models.fixture import build_fixture
-from tests.helpers.launch import REPO, run_worker
+from tests.helpers.launch import REPO, free_port, run_workers, worker_result
 
 pytestmark = [
     pytest.mark.vllm,
@@ -27,24 +27,32 @@ BENCH = REPO / "benchmarks/routing_replay.py"
 RECORD = REPO / "tests/integration/rollout/worker_routes.py"
 
 
-def test_recorded_routes_are_the_experts_transformers_picks(tmp_path):
-    fixture = build_fixture("qwen3_moe", tmp_path / "qwen3_moe")
-    out = tmp_path / "routes.json"
-    run_worker(RECORD, [str(out), str(fixture)])
-    r = json.loads(out.read_text())
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """The two processes, side by side (one engine each): {name: (its outcome, its JSON)}."""
+    tmp = tmp_path_factory.mktemp("routing")
+    fixture = build_fixture("qwen3_moe", tmp / "qwen3_moe")
+    bench = ["--engine-dtype", "bfloat16", "--prompts", "16", "--samples", "4", "--out", str(tmp / "rr.json")]
+    jobs = {"routes": (RECORD, [str(tmp / "routes.json"), str(fixture)]), "replay": (BENCH, bench)}
+    done = run_workers(jobs, timeout=900, env={"MASTER_PORT": str(free_port())})  # the benchmark's world 1
+    return {"routes": (done["routes"], tmp / "routes.json"), "replay": (done["replay"], tmp / "rr.json")}
+
+
+def _result(runs, name) -> dict:
+    outcome, out = runs[name]
+    worker_result(outcome)
+    return json.loads(out.read_text())
+
+
+def test_recorded_routes_are_the_experts_transformers_picks(runs):
+    r = _result(runs, "routes")
     print(r)
     assert r["pairs"] > 200 and r["agree"] == r["pairs"], r
     assert r["shapes_ok"], r
 
 
-def test_replay_uses_the_engines_experts_and_cuts_the_mismatch(tmp_path):
-    out = tmp_path / "rr.json"
-    run_worker(
-        BENCH,
-        ["--engine-dtype", "bfloat16", "--prompts", "16", "--samples", "4", "--out", str(out)],
-        timeout=900,
-    )
-    r = json.loads(out.read_text())
+def test_replay_uses_the_engines_experts_and_cuts_the_mismatch(runs):
+    r = _result(runs, "replay")
     print(r)
     assert r["replayed_equals_engine"], "a replayed forward chose other experts than the engine's"
     assert r["routes_differ_share"] > 0, "no route differs: the comparison below would mean nothing"

@@ -1,4 +1,5 @@
-"""`make demo` on a fresh clone checks every prerequisite before building anything.
+"""`make demo` on a fresh clone checks every prerequisite before building anything (`make prereqs`:
+tools/check_prereqs.sh, which runs tools/setup_system.sh; its `--check` mode is tested on its own below).
 
 The clone gets this working tree's Makefile and tools/ (the files under test, committed or not). PATH is
 restricted to a folder of links to the few commands the Makefile needs, so `bwrap` cannot be found, and
@@ -46,6 +47,9 @@ def clone():
     base.chmod(0o755)
     dest = base / "repo"
     subprocess.run(["git", "clone", "-q", str(REPO), str(dest)], check=True)
+    # A committed .venv (a worktree's link to a shared venv, say) would let `make` install into whatever
+    # it points at: stop before any make runs.
+    assert not (dest / ".venv").exists() and not (dest / ".venv").is_symlink(), "the repository tracks .venv"
     shutil.copy(REPO / "Makefile", dest / "Makefile")
     for script in (REPO / "tools").glob("*.sh"):
         shutil.copy(script, dest / "tools" / script.name)
@@ -152,3 +156,32 @@ def test_a_bwrap_that_cannot_unshare_is_named_with_the_fix(clone):
     assert "uid map: Permission denied" in lines[0] and "kernel.unprivileged_userns_clone" in lines[0], out
     assert "apparmor_restrict_unprivileged_userns" in lines[0], out
     assert not (clone / ".venv").exists()
+
+
+def test_setup_system_check_installs_nothing_and_names_what_is_missing(tmp_path):
+    """`tools/setup_system.sh --check` installs nothing even as root with apt-get on PATH (here a stand-in
+    that records a call): every missing command is named in one line, exit 1; with them all there, exit 0
+    and nothing printed."""
+    folder = Path(_bin(tmp_path / "bin"))
+    calls = tmp_path / "apt-get-calls"
+    (folder / "apt-get").unlink()
+    (folder / "apt-get").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexit 1\n')
+    (folder / "apt-get").chmod(0o755)
+
+    def check(path: str) -> subprocess.CompletedProcess:
+        cmd = ["bash", str(REPO / "tools" / "setup_system.sh"), "--check"]
+        return subprocess.run(
+            cmd, env={"PATH": path, "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=60
+        )
+
+    proc = check(str(folder))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = _ours(proc.stdout + proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("megatron-rl: missing system packages: "), proc.stderr
+    for named in ("bwrap (bubblewrap)", "slurmctld (slurm-wlm)", "munged (munge)"):
+        assert named in lines[0], lines[0]
+    assert not calls.exists(), f"--check ran apt-get: {calls.read_text()}"
+    if all(shutil.which(c) for c in SYSTEM):
+        everything = _bin(tmp_path / "all", SYSTEM)
+        done = check(everything)
+        assert done.returncode == 0 and done.stdout + done.stderr == "", done.stdout + done.stderr
