@@ -96,7 +96,13 @@ def test_report_json_has_every_section(runs):
     gen = rep["phases"]["generation"]
     assert set(gen["seconds"]) == {"mean", "p50", "max"} and gen["seconds"]["max"] > 0
     assert gen["mem_gib"]["max"] > 0.1 and 0 < gen["share"] < 1
-    assert gen["first_step_s"] > gen["seconds"]["p50"], "the first step carries the engine warm-up"
+    # The first step (the engines' warm-up) is reported apart and left out of the steady statistics: the
+    # figures are the records' own (a timing comparison between steps would be noise on 2 cores).
+    recs = [json.loads(x) for x in (runs / "outputs" / "quiet" / "steps.jsonl").read_text().splitlines() if x]
+    gen_s = [r["phases"]["generation"]["seconds"] for r in recs]
+    assert gen["first_step_s"] == pytest.approx(gen_s[0]) and gen["seconds"]["max"] == pytest.approx(
+        max(gen_s[1:])
+    )
     assert set(rep["idle"]) == {"longest_completion", "reward_pool", "switch", "publication"}
     assert all(v["seconds_per_step"] is not None for v in rep["idle"].values())
     t = rep["throughput"]
