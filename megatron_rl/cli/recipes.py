@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import re
+import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -184,7 +185,8 @@ def cp(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="megatron-rl cp",
         description="Copy a shipped recipe into DIR for editing. The copy is what runs when you pass its path "
-        "(megatron-rl train DIR/NAME.yaml), even if it keeps the shipped name.",
+        "(megatron-rl run DIR/NAME.yaml), even if it keeps the shipped name; its launch comment is rewritten "
+        "to name the copy.",
     )
     p.add_argument("recipe")
     p.add_argument("dir")
@@ -211,13 +213,45 @@ def cp(argv: list[str]) -> int:
     if dest.exists() and not args.force:
         print(f"error: {dest} exists; pass --force to overwrite it", file=sys.stderr)
         return 1
+    typed = shlex.quote(str(dest))  # the copy as a shell names it from here
     try:
-        shutil.copyfile(src, dest)
+        dest.write_text(relaunched(src.read_text(), src, typed))
     except OSError as e:
         print(f"error: cannot write {dest}: {e}", file=sys.stderr)
         return 1
-    print(f"copied {src} -> {dest}\nedit it, then: megatron-rl validate {dest}")
+    print(f"copied {src} -> {dest}\nedit it, then: megatron-rl validate {typed}")
     return 0
+
+
+def relaunched(text: str, src: Path, copy: str) -> str:
+    """The recipe `text` with its leading launch comment (`# Launch: CMD`, then `#   (= CMD` lines of
+    equivalent commands) naming `copy` instead of `src`: a copy that said `# Launch: make demo-hf` would
+    tell its reader to run the shipped recipe, not the edited one. Commands that do not name the recipe
+    (a make target) are dropped; a file without a launch comment is returned unchanged."""
+    lines = text.splitlines(keepends=True)
+    if not lines or not lines[0].startswith("# Launch:"):
+        return text
+    n = 1
+    while n < len(lines) and re.match(r"#\s+\(?=\s", lines[n]):
+        n += 1
+    commands = [lines[0].removeprefix("# Launch:").strip()]
+    commands += [re.sub(r"^#\s+\(?=\s*", "", line).rstrip() for line in lines[1:n]]
+    if n > 1 and commands[-1].endswith(")"):  # the parenthesis the equivalents close
+        commands[-1] = commands[-1][:-1]
+
+    def names_recipe(token: str) -> bool:
+        return token == src.stem or Path(token).name == src.name
+
+    mine = [
+        " ".join(copy if names_recipe(t) else t for t in c.split())
+        for c in commands
+        if any(names_recipe(t) for t in c.split())
+    ] or [f"megatron-rl run {copy}"]
+    head = [f"# Launch: {mine[0]}\n"]
+    if len(mine) > 1:
+        head += [f"#   (= {mine[1]}\n"] + [f"#    = {c}\n" for c in mine[2:]]
+        head[-1] = head[-1][:-1] + ")\n"
+    return "".join(head + lines[n:])
 
 
 def list_recipes(argv: list[str]) -> int:
