@@ -10,7 +10,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from megatron_rl.check.recipe import checked, notes, refused
+from megatron_rl.check.recipe import blocking, checked, notes, runs_here
 from megatron_rl.config.load import (
     RecipeError,
     RecipeNotFound,
@@ -117,17 +117,17 @@ def _validate_json(args) -> int:
         print(json.dumps(out, default=str))
         return 2
     problems, run = checked(recipe)
-    blocking = refused(problems, "validate")
-    conflict = None if blocking else _conflict(recipe)  # the text form stops at the first refusal too
+    blocked = blocking(problems, recipe, "validate")
+    conflict = None if blocked else _conflict(recipe)  # the text form stops at the first refusal too
     if conflict:
-        blocking.append(conflict)
+        blocked.append(conflict)
     out = {
-        "ok": not blocking,
+        "ok": not blocked,
         "recipe": recipe.name,
-        "problems": [asdict(p) for p in blocking],
-        "notes": notes(problems, "validate"),
+        "problems": [asdict(p) for p in blocked],
+        "notes": notes(problems, "validate", blocked),
         "stop_token_ids": resolved_stop_ids(recipe, run),
-        "agreement": None if blocking or run is None else guard(run),  # thresholds, the probe, what acts
+        "agreement": None if blocked or run is None else guard(run),  # thresholds, the probe, what acts
     }
     print(json.dumps(out, default=str))
     return 0 if out["ok"] else 1
@@ -147,15 +147,29 @@ def validate(argv: list[str]) -> int:
     recipe = _load(args)
     if recipe is None:
         return 2
-    # The driver's own check (megatron_rl/check/recipe.py); paths on the cluster's storage may be unreadable
-    # from here, so those are noted, and the driver refuses them before building anything.
+    # The driver's own check (megatron_rl/check/recipe.py). A path this machine cannot read is refused when
+    # the recipe runs here; a GPU cluster's storage may hold it, so there it is noted, and the driver (and
+    # `submit`, unless told the paths are remote) refuses it before building anything.
     problems, run = checked(recipe)
-    if refused(problems, "validate"):
-        listed = "\n".join(f"  - {p}" for p in refused(problems, "validate"))
+    blocked = blocking(problems, recipe, "validate")
+    if blocked:
+        listed = "\n".join(f"  - {p}" for p in blocked)
         print(f"error: recipe {recipe.name!r} is invalid:\n{listed}", file=sys.stderr)
+        if any(p.kind in ("files", "unknown") for p in blocked):
+            print(
+                f"({recipe.name} runs on this machine (cluster.gpu=cpu), so its paths must be readable here; "
+                "a relative path in a recipe file is read from the file's folder, on the command line from "
+                "the current directory)",
+                file=sys.stderr,
+            )
         return 1
     for line in notes(problems, "validate"):
         print(line, file=sys.stderr)
+    if any(p.kind in ("files", "unknown") for p in problems) and not runs_here(recipe):
+        print(
+            "(the cluster's storage may hold them; `megatron-rl submit` refuses them unless --remote-paths)",
+            file=sys.stderr,
+        )
     conflict = _conflict(recipe)
     if conflict:
         print(f"error: {conflict.message}", file=sys.stderr)

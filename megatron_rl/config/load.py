@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron_rl.config.keys import as_mapping_entries, did_you_mean
+from megatron_rl.config.paths import anchor_paths
 from megatron_rl.config.schema import RecipeConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -209,7 +210,8 @@ def compose_recipe(name_or_path: str, overrides: list[str] | None = None):
 
 def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> RecipeConfig:
     """Compose a recipe and return it as a `RecipeConfig` dataclass instance (not yet checked: that is
-    megatron_rl/check/recipe.py)."""
+    megatron_rl/check/recipe.py), the relative paths its file writes read from its folder
+    (config/paths.py)."""
     from omegaconf import OmegaConf
 
     cfg = compose_recipe(name_or_path, overrides)
@@ -227,6 +229,7 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe
         raise
     except Exception as e:  # a required value left unset (???), or one that does not convert
         raise RecipeError(f"recipe {name_or_path!r}: {describe_error(e)}") from e
+    anchor_paths(recipe, resolve_recipe(name_or_path), list(overrides or []))  # config/paths.py's rule
     return recipe
 
 

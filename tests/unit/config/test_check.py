@@ -161,15 +161,17 @@ def test_async_without_an_off_policy_correction_is_refused():
     assert check_recipe(load_recipe("grpo_tiny_cpu_separated", ["rollout.max_staleness=0"])) == []
 
 
-def test_missing_files_are_refused_by_the_driver_and_noted_by_validate(tmp_path):
-    from megatron_rl.check.recipe import notes
+def test_missing_files_are_refused_by_the_driver_and_by_validate_where_the_recipe_runs(tmp_path):
+    from megatron_rl.check.recipe import blocking, notes
 
     recipe = load_recipe(
         "grpo_tiny_cpu", [f"model.hf_checkpoint={tmp_path}/nope", f"data.source={tmp_path}/none.jsonl"]
     )
     problems = check_recipe(recipe)
     assert {p.key for p in problems} == {"model.hf_checkpoint", "data.source"}
-    assert refused(problems, "run") and not refused(problems, "validate")
+    assert refused(problems, "run") and not refused(problems, "validate")  # not refused wherever it runs
+    # A CPU recipe runs on this machine (`megatron-rl run`): validate refuses what the run could not read.
+    assert blocking(problems, recipe, "validate") == problems
     assert all(line.startswith("not checked here:") for line in notes(problems, "validate"))
     from megatron_rl.models.tiny import hf_config, tiny_spec
 
