@@ -2,7 +2,9 @@
 ids, and the problem set through the model's tokenizer.
 
 Part of the one recipe check (check/recipe.py). Paths that cannot be read here are problems of kind "files":
-`validate` and `submit` note them (the cluster's storage may hold them), the driver refuses them.
+the driver refuses them; `validate` and `submit` refuse them where the job will read them from here and
+note them elsewhere (the cluster's storage may hold them; check/recipe.py `blocking`). A relative path a
+recipe file writes is already read from the recipe's folder (config/paths.py).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 `validate`, `submit`, `launch_local`, the planner and the driver (`train.py`, before it builds
 anything) call `check_recipe`; each refuses the kinds of problem that concern it
 (config/problem.py): the planner skips layouts the driver cannot run yet and memory it will show
-anyway; `validate` and `submit` note paths they cannot read from this machine, which the driver
-then refuses on the cluster.
+anyway; a path this machine cannot read is refused where the job will read it from here (`validate`
+of a recipe for this machine, `submit` from a login node unless told the paths are remote: `blocking`)
+and noted elsewhere, and the driver refuses it before it builds anything.
 
 Hydra's structured configs refuse unknown keys and wrong types. This module adds what they cannot
 see: every number's range and the enumerations (check/ranges.py), paths, end ids and prompt lengths
@@ -127,7 +128,8 @@ def memory_problems(run: Run) -> list[Problem]:
 # Which kinds each command refuses (the rest it may print as notes).
 REFUSES = {
     "run": ("recipe", "driver", "memory", "files", "unknown"),  # the driver, before building anything
-    "validate": ("recipe", "driver", "memory"),  # files on the cluster's storage may be unreadable here
+    # Wherever validate or submit runs; `blocking` adds the paths where they must be readable from here.
+    "validate": ("recipe", "driver", "memory"),
     # The planner models future layouts and shows memory that does not fit, but needs the model's shape.
     "plan": ("recipe", "unknown"),
 }
@@ -137,11 +139,37 @@ def refused(problems: list[Problem], purpose: str) -> list[Problem]:
     return [p for p in problems if p.kind in REFUSES[purpose]]
 
 
-def notes(problems: list[Problem], purpose: str) -> list[str]:
-    """One line per problem this command lets through, so nothing is silently skipped."""
+def runs_here(recipe: RecipeConfig) -> bool:
+    """A recipe for this machine: a CPU cluster, which `megatron-rl run` launches where the command runs."""
+    return recipe.cluster.gpu == "cpu"
+
+
+def blocking(
+    problems: list[Problem], recipe: RecipeConfig, command: str, remote_paths: bool = False
+) -> list[Problem]:
+    """What `validate` or `submit` (`command`) refuses: what the recipe check refuses wherever it runs,
+    and the paths this machine cannot see ("files"; "unknown": a checkpoint whose shape is unreadable)
+    where they must be seen from here:
+    - `validate` of a recipe that runs here (`runs_here`) refuses them, but for the CPU fixture
+      checkpoint that `megatron-rl run` builds before it starts (`model.fixture`);
+    - `submit` refuses them unless told they are remote (`remote_paths`, `--remote-paths`): a login node
+      sees the file system its jobs see, and a job that cannot read its paths fails when it starts.
+    Anywhere else (`validate` of a GPU cluster's recipe, on a laptop) they are notes."""
+    out = refused(problems, "validate")
+    unseen = [p for p in problems if p.kind in ("files", "unknown")]
+    if command == "submit" and not remote_paths:
+        out += unseen
+    elif command == "validate" and runs_here(recipe):
+        out += [p for p in unseen if not (p.kind == "unknown" and recipe.model.fixture)]
+    return out
+
+
+def notes(problems: list[Problem], purpose: str, blocked: list[Problem] = ()) -> list[str]:
+    """One line per problem this command lets through (neither refused by `purpose` nor in `blocked`), so
+    nothing is silently skipped."""
     out = []
     for p in problems:
-        if p.kind not in REFUSES[purpose]:
+        if p.kind not in REFUSES[purpose] and p not in blocked:
             if p.kind in ("files", "unknown"):
                 out.append(f"not checked here: {p}; the driver checks it before building anything")
             else:

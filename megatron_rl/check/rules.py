@@ -255,9 +255,10 @@ def data(run) -> list[Problem]:
 
 
 def batch(run) -> list[Problem]:
+    """A step's samples split into minibatches, each over the DP ranks in micro-batches: one equation of
+    five keys, so the refusal names all five and the values of each that would fit."""
     cfg, out = run.recipe, []
     alg, ro, d = cfg.algorithm, cfg.rollout, cfg.data
-    samples = d.prompts_per_step * ro.samples_per_prompt
     if ro.samples_per_prompt < 2 and alg.name == "grpo":
         out.append(
             _problem(
@@ -266,26 +267,73 @@ def batch(run) -> list[Problem]:
                 "GRPO needs >= 2 samples per prompt (group-relative advantages)",
             )
         )
-    if samples % alg.minibatches:
-        out.append(
-            _problem(
-                run,
-                "algorithm.minibatches",
-                f"must divide the {samples} samples per step (data.prompts_per_step x rollout.samples_per_prompt)",
-            )
-        )
+    p, s, m, dp, mbs = (
+        d.prompts_per_step,
+        ro.samples_per_prompt,
+        alg.minibatches,
+        run.layout.dp,
+        cfg.optim.micro_batch_size,
+    )
+    samples = p * s
+    if samples % (m * dp * mbs) == 0:
         return out
-    per_mb, dp, mbs = samples // alg.minibatches, run.layout.dp, cfg.optim.micro_batch_size
-    if per_mb % (dp * mbs):
-        out.append(
-            _problem(
-                run,
-                "optim.micro_batch_size",
-                f"each minibatch of {per_mb} samples must split evenly over layout.dp={dp} ranks x "
-                f"micro_batch_size={mbs}",
-            )
+    if samples % m:
+        key, what = "algorithm.minibatches", f"must divide the {samples} samples per step"
+    elif samples // m % dp:
+        n = samples // m
+        key, what = (
+            "optim.micro_batch_size",
+            f"cannot fit: a minibatch of {n} sample{'s' * (n != 1)} does not split over layout.dp={dp} ranks",
         )
+    else:
+        key, what = (
+            "optim.micro_batch_size",
+            f"must divide each rank's {samples // m // dp} samples of a minibatch",
+        )
+    each = f" of {samples // m}" if samples % m == 0 else ""
+    out.append(
+        _problem(
+            run,
+            key,
+            f"{what}. The batch: data.prompts_per_step={p} x rollout.samples_per_prompt={s} = {samples} samples "
+            f"per step, in algorithm.minibatches={m} minibatches{each}, each over layout.dp={dp} ranks in "
+            f"micro-batches of optim.micro_batch_size={mbs}: {samples} must be a multiple of {m} x {dp} x "
+            f"{mbs} = {m * dp * mbs}. {_batch_fixes(p, s, m, dp, mbs)}",
+        )
+    )
     return out
+
+
+def _batch_fixes(p: int, s: int, m: int, dp: int, mbs: int) -> str:
+    """The nearest values of each key but layout.dp (the world size sets it) that fit, the others kept."""
+    samples, need = p * s, m * dp * mbs
+    fixes = []
+    if samples % (m * dp) == 0:
+        fixes.append(("optim.micro_batch_size", _nearest(_divisors(samples // (m * dp)), mbs)))
+    if samples % (dp * mbs) == 0:
+        fixes.append(("algorithm.minibatches", _nearest(_divisors(samples // (dp * mbs)), m)))
+    for key, mine, other, low in (
+        ("data.prompts_per_step", p, s, 1),
+        ("rollout.samples_per_prompt", s, p, 2),
+    ):
+        step = need // math.gcd(need, other)  # mine x other is a multiple of need iff mine is one of step
+        fixes.append(
+            (key, _nearest([v for v in (mine // step * step, mine // step * step + step) if v >= low], mine))
+        )
+    listed = "; ".join(f"{key}={' or '.join(map(str, values))}" for key, values in fixes if values)
+    return f"Values that fit, one key changed: {listed}"
+
+
+def _divisors(n: int) -> list[int]:
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return sorted(set(small + [n // k for k in small]))
+
+
+def _nearest(values: list[int], current: int) -> list[int]:
+    """The largest of `values` below `current` and the smallest above it (those that exist)."""
+    below = [v for v in values if v < current]
+    above = [v for v in values if v > current]
+    return ([max(below)] if below else []) + ([min(above)] if above else [])
 
 
 def lengths(run) -> list[Problem]:

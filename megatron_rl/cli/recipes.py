@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import re
+import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from megatron_rl.check.recipe import checked, notes, refused
+from megatron_rl.check.recipe import blocking, checked, notes, runs_here
 from megatron_rl.config.load import (
     RecipeError,
     RecipeNotFound,
@@ -116,17 +117,17 @@ def _validate_json(args) -> int:
         print(json.dumps(out, default=str))
         return 2
     problems, run = checked(recipe)
-    blocking = refused(problems, "validate")
-    conflict = None if blocking else _conflict(recipe)  # the text form stops at the first refusal too
+    blocked = blocking(problems, recipe, "validate")
+    conflict = None if blocked else _conflict(recipe)  # the text form stops at the first refusal too
     if conflict:
-        blocking.append(conflict)
+        blocked.append(conflict)
     out = {
-        "ok": not blocking,
+        "ok": not blocked,
         "recipe": recipe.name,
-        "problems": [asdict(p) for p in blocking],
-        "notes": notes(problems, "validate"),
+        "problems": [asdict(p) for p in blocked],
+        "notes": notes(problems, "validate", blocked),
         "stop_token_ids": resolved_stop_ids(recipe, run),
-        "agreement": None if blocking or run is None else guard(run),  # thresholds, the probe, what acts
+        "agreement": None if blocked or run is None else guard(run),  # thresholds, the probe, what acts
     }
     print(json.dumps(out, default=str))
     return 0 if out["ok"] else 1
@@ -146,15 +147,29 @@ def validate(argv: list[str]) -> int:
     recipe = _load(args)
     if recipe is None:
         return 2
-    # The driver's own check (megatron_rl/check/recipe.py); paths on the cluster's storage may be unreadable
-    # from here, so those are noted, and the driver refuses them before building anything.
+    # The driver's own check (megatron_rl/check/recipe.py). A path this machine cannot read is refused when
+    # the recipe runs here; a GPU cluster's storage may hold it, so there it is noted, and the driver (and
+    # `submit`, unless told the paths are remote) refuses it before building anything.
     problems, run = checked(recipe)
-    if refused(problems, "validate"):
-        listed = "\n".join(f"  - {p}" for p in refused(problems, "validate"))
+    blocked = blocking(problems, recipe, "validate")
+    if blocked:
+        listed = "\n".join(f"  - {p}" for p in blocked)
         print(f"error: recipe {recipe.name!r} is invalid:\n{listed}", file=sys.stderr)
+        if any(p.kind in ("files", "unknown") for p in blocked):
+            print(
+                f"({recipe.name} runs on this machine (cluster.gpu=cpu), so its paths must be readable here; "
+                "a relative path in a recipe file is read from the file's folder, on the command line from "
+                "the current directory)",
+                file=sys.stderr,
+            )
         return 1
     for line in notes(problems, "validate"):
         print(line, file=sys.stderr)
+    if any(p.kind in ("files", "unknown") for p in problems) and not runs_here(recipe):
+        print(
+            "(the cluster's storage may hold them; `megatron-rl submit` refuses them unless --remote-paths)",
+            file=sys.stderr,
+        )
     conflict = _conflict(recipe)
     if conflict:
         print(f"error: {conflict.message}", file=sys.stderr)
@@ -184,7 +199,8 @@ def cp(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="megatron-rl cp",
         description="Copy a shipped recipe into DIR for editing. The copy is what runs when you pass its path "
-        "(megatron-rl train DIR/NAME.yaml), even if it keeps the shipped name.",
+        "(megatron-rl run DIR/NAME.yaml), even if it keeps the shipped name; its launch comment is rewritten "
+        "to name the copy.",
     )
     p.add_argument("recipe")
     p.add_argument("dir")
@@ -211,13 +227,45 @@ def cp(argv: list[str]) -> int:
     if dest.exists() and not args.force:
         print(f"error: {dest} exists; pass --force to overwrite it", file=sys.stderr)
         return 1
+    typed = shlex.quote(str(dest))  # the copy as a shell names it from here
     try:
-        shutil.copyfile(src, dest)
+        dest.write_text(relaunched(src.read_text(), src, typed))
     except OSError as e:
         print(f"error: cannot write {dest}: {e}", file=sys.stderr)
         return 1
-    print(f"copied {src} -> {dest}\nedit it, then: megatron-rl validate {dest}")
+    print(f"copied {src} -> {dest}\nedit it, then: megatron-rl validate {typed}")
     return 0
+
+
+def relaunched(text: str, src: Path, copy: str) -> str:
+    """The recipe `text` with its leading launch comment (`# Launch: CMD`, then `#   (= CMD` lines of
+    equivalent commands) naming `copy` instead of `src`: a copy that said `# Launch: make demo-hf` would
+    tell its reader to run the shipped recipe, not the edited one. Commands that do not name the recipe
+    (a make target) are dropped; a file without a launch comment is returned unchanged."""
+    lines = text.splitlines(keepends=True)
+    if not lines or not lines[0].startswith("# Launch:"):
+        return text
+    n = 1
+    while n < len(lines) and re.match(r"#\s+\(?=\s", lines[n]):
+        n += 1
+    commands = [lines[0].removeprefix("# Launch:").strip()]
+    commands += [re.sub(r"^#\s+\(?=\s*", "", line).rstrip() for line in lines[1:n]]
+    if n > 1 and commands[-1].endswith(")"):  # the parenthesis the equivalents close
+        commands[-1] = commands[-1][:-1]
+
+    def names_recipe(token: str) -> bool:
+        return token == src.stem or Path(token).name == src.name
+
+    mine = [
+        " ".join(copy if names_recipe(t) else t for t in c.split())
+        for c in commands
+        if any(names_recipe(t) for t in c.split())
+    ] or [f"megatron-rl run {copy}"]
+    head = [f"# Launch: {mine[0]}\n"]
+    if len(mine) > 1:
+        head += [f"#   (= {mine[1]}\n"] + [f"#    = {c}\n" for c in mine[2:]]
+        head[-1] = head[-1][:-1] + ")\n"
+    return "".join(head + lines[n:])
 
 
 def list_recipes(argv: list[str]) -> int:

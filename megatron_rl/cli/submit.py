@@ -1,9 +1,13 @@
-"""`megatron-rl submit RECIPE [overrides] [--dry-run]`: the sbatch command for a recipe, checked first.
+"""`megatron-rl submit RECIPE [overrides] [--dry-run] [--remote-paths]`: the sbatch command for a
+recipe, checked first.
 
 The recipe's cluster group says how many nodes and GPUs per node the job asks for and how long; its
 layout says how many ranks it starts. They must agree before anything is queued: a 256-GPU job that
 waits hours for its allocation and then dies on a world-size assertion is what this command prevents.
-It prints the exact sbatch command (to copy, edit or rerun by hand), then submits it.
+It prints the exact sbatch command (to copy, edit or rerun by hand), then submits it. A login node sees
+the file system its jobs see, so a path the recipe names that cannot be read here (a mistyped checkpoint
+or data path) refuses the submission, naming it; `--remote-paths` says such paths live on storage only
+the compute nodes see, and they are noted instead.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_rl.check.recipe import check_recipe, notes, refused
+from megatron_rl.check.recipe import blocking, check_recipe, notes
 from megatron_rl.config.load import REPO_ROOT, RecipeNotFound, load_recipe
 from megatron_rl.config.schema import RecipeConfig
 
@@ -101,6 +105,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("recipe", help="a shipped recipe name or a path to a recipe YAML")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. cluster.nodes=4 layout.dp=4")
     p.add_argument("--dry-run", action="store_true", help="print the sbatch command, do not submit")
+    p.add_argument(
+        "--remote-paths",
+        action="store_true",
+        help="the paths this machine cannot see live on storage only the compute nodes see: note them "
+        "instead of refusing (by default a path the job could not read refuses the submission)",
+    )
     p.add_argument("--log-dir", default="logs", help="folder of the job logs (default: logs)")
     p.add_argument(
         "--sbatch",
@@ -124,13 +134,26 @@ def main(argv: list[str]) -> int:
         return 2
 
     # The same check as `validate` and the driver (megatron_rl/check/recipe.py): the layout against the nodes
-    # the job asks for included, so nothing is queued that would die on a world-size assertion.
+    # the job asks for included, so nothing is queued that would die on a world-size assertion; and the
+    # paths, which a login node sees as its jobs do, unless told they are remote.
     problems = check_recipe(recipe)
-    if refused(problems, "validate"):
-        print(f"refused: recipe {recipe.name!r} was not submitted (megatron-rl validate):", file=sys.stderr)
-        print("\n".join(f"  - {p}" for p in refused(problems, "validate")), file=sys.stderr)
+    blocked = blocking(problems, recipe, "submit", args.remote_paths)
+    if blocked:
+        unseen = [p.key for p in blocked if p.kind in ("files", "unknown")]
+        # `validate` refuses them too, but for the paths of a GPU cluster's recipe, which it only notes.
+        also = " (megatron-rl validate)" if blocking(problems, recipe, "validate") else ""
+        print(f"refused: recipe {recipe.name!r} was not submitted{also}:", file=sys.stderr)
+        print("\n".join(f"  - {p}" for p in blocked), file=sys.stderr)
+        if unseen:
+            print(
+                f"this machine cannot see {', '.join(unseen)}, and the job would fail when it starts: fix "
+                "the paths (a relative path in a recipe file is read from the file's folder, one on the "
+                "command line from the current directory), or pass --remote-paths if they live on storage "
+                "only the compute nodes see",
+                file=sys.stderr,
+            )
         return 1
-    for line in notes(problems, "validate"):
+    for line in notes(problems, "validate", blocked):
         print(line, file=sys.stderr)
 
     cmd = sbatch_command(request_from_recipe(recipe), args.recipe, args.overrides, args.log_dir, args.sbatch)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from megatron_rl.config.keys import as_mapping_entries, did_you_mean
+from megatron_rl.config.paths import anchor_paths
 from megatron_rl.config.schema import RecipeConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -155,6 +157,19 @@ def describe_error(e: BaseException) -> str:
     return "; ".join(parts) if parts else "unknown error"
 
 
+def _unknown_key(e: BaseException) -> str | None:
+    """The dotted key an OmegaConf error says the schema lacks ("Key 'lrr' not in 'OptimConfig'", "... is
+    not in struct"), from its `full_key`; None for any other error."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        full_key = getattr(e, "full_key", None)
+        if full_key and (" not in '" in str(e) or "is not in struct" in str(e)):
+            return str(full_key)
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def compose_recipe(name_or_path: str, overrides: list[str] | None = None):
     """Compose a recipe into an OmegaConf DictConfig typed by `RecipeConfig`.
 
@@ -169,6 +184,7 @@ def compose_recipe(name_or_path: str, overrides: list[str] | None = None):
     overrides = list(overrides or [])
     if len(overrides) > MAX_OVERRIDES or any(len(o) > 10_000 for o in overrides):
         raise RecipeError(f"at most {MAX_OVERRIDES} overrides of at most 10000 characters each")
+    overrides = as_mapping_entries(overrides)  # data.columns.prompt=text adds the entry, no `+` needed
     # The recipe and every YAML beside it that its defaults may pull in (a folder of group overrides):
     # a bomb in a sibling file would otherwise go through Hydra unchecked.
     # Only their size and aliases: an unrelated YAML beside a recipe may be anything else.
@@ -184,7 +200,9 @@ def compose_recipe(name_or_path: str, overrides: list[str] | None = None):
             with initialize_config_dir(config_dir=str(path.parent), version_base="1.3"):
                 cfg = compose(config_name=path.stem, overrides=[searchpath, *overrides])
     except Exception as e:  # Hydra / OmegaConf: a bad override, key, type or defaults entry
-        raise RecipeError(f"recipe {name_or_path!r} does not compose: {describe_error(e)}") from e
+        unknown = _unknown_key(e)
+        hint = did_you_mean(unknown) if unknown else ""
+        raise RecipeError(f"recipe {name_or_path!r} does not compose: {describe_error(e)}{hint}") from e
     finally:
         GlobalHydra.instance().clear()
     return cfg
@@ -192,7 +210,8 @@ def compose_recipe(name_or_path: str, overrides: list[str] | None = None):
 
 def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> RecipeConfig:
     """Compose a recipe and return it as a `RecipeConfig` dataclass instance (not yet checked: that is
-    megatron_rl/check/recipe.py)."""
+    megatron_rl/check/recipe.py), the relative paths its file writes read from its folder
+    (config/paths.py)."""
     from omegaconf import OmegaConf
 
     cfg = compose_recipe(name_or_path, overrides)
@@ -210,6 +229,7 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe
         raise
     except Exception as e:  # a required value left unset (???), or one that does not convert
         raise RecipeError(f"recipe {name_or_path!r}: {describe_error(e)}") from e
+    anchor_paths(recipe, resolve_recipe(name_or_path), list(overrides or []))  # config/paths.py's rule
     return recipe
 
 
@@ -259,7 +279,9 @@ def _refuse_unknown_keys(node, schema: type, prefix: str) -> None:
     for key in node.keys():
         path = f"{prefix}{key}"
         if key not in fields:
-            raise RecipeError(f"unknown config key {path!r}; valid keys here: {', '.join(fields)}")
+            raise RecipeError(
+                f"unknown config key {path!r}{did_you_mean(path)}; valid keys here: {', '.join(fields)}"
+            )
         child = node._get_node(key)
         ftype = fields[key].type
         sub = ftype if isinstance(ftype, type) and dataclasses.is_dataclass(ftype) else None

@@ -205,7 +205,7 @@ class DataConfig:
     source: str = "bundled"
     # Our field names (id, prompt, tests, input_output, entry_point, timeout_s, answer) to the data's
     # column names, e.g. {prompt: question, input_output: io}; unmapped fields keep their own names.
-    # On the command line a mapping is added with a plus: +data.columns.prompt=question.
+    # On the command line: data.columns.prompt=question (an entry is added or replaced: config/keys.py).
     columns: dict[str, str] = field(default_factory=dict)
     # A system message put before each prompt when the tokenizer has a chat template; without one it is
     # put before the prompt as plain text, followed by a blank line. Empty: no system message.

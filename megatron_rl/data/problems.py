@@ -3,11 +3,14 @@
 A problem is a prompt plus one kind of tests:
 - Python tests, as source (see `megatron_rl.reward.testplan` for the shapes they may take: top-level
   asserts, `test_*` functions, `check(candidate)`, unittest cases, and the shapes refused because they
-  cannot be judged), with an optional `entry_point` (the function the tests call); or
+  cannot be judged), with an optional `entry_point` (the function the tests call); or as a list of
+  test statements, strings (MBPP's `test_list`: `tests: ["assert f(1) == 2", ...]`), one a line, each
+  top-level statement a unit as always; or
 - stdin/stdout pairs (`io_tests`): the completion is a program, run once per pair with the input on
   stdin, passing a pair when it exits 0 and prints the expected output (see `reward/stdio.py` for the
   comparison: trailing whitespace of each line and trailing blank lines are ignored, nothing else).
-  A record gives them as `tests: [{"input": ..., "output": ...}, ...]`, as `tests: {"inputs": [...],
+  A record gives them as `tests: [{"input": ..., "output": ...}, ...]` (a list of objects, where a list
+  of strings is Python test statements), as `tests: {"inputs": [...],
   "outputs": [...]}` (or `input`/`output`: CodeContests' `public_tests`), or as `input_output` in
   APPS's shape (that object, or the JSON string of it). An input or output given as a list of lines
   is joined with newlines. APPS's call-based cases (`fn_name`) become Python tests that call the
@@ -23,7 +26,8 @@ Public sets load as they ship, with no mapping: HumanEval, MBPP and APPS/TACO ro
 their columns (`public.py`, which says how each is graded). Where the records come from (JSONL, gzipped
 JSONL, JSON, Parquet, a saved `datasets` folder, a folder or glob of files) is `sources.py`.
 `data.columns` maps our field names to the dataset's column names (`{prompt: question, input_output:
-io}`); a column named like a mapped field is then ignored.
+io}`); a column named like a mapped field is then ignored. A record without a prompt or without tests
+is refused with the `data.columns.FIELD=<your column>` that would map one.
 
 Problems are validated as they load, tests included (Python tests must parse, contain something to
 pass, and have a shape the runner can judge; pairs must be strings), so a malformed dataset fails at
@@ -66,13 +70,23 @@ def problem_from_dict(record: Any, default_id: str) -> Problem:
         raise ValueError(f"expected a JSON object with at least 'prompt'; got {type(record).__name__}")
     record = public.to_fields(record)
     if "prompt" not in record:
-        raise ValueError(f"missing required key 'prompt' (keys present: {sorted(record)})")
+        raise ValueError(
+            f"missing required key 'prompt' (keys present: {sorted(record)}); map the column that holds "
+            f"the prompt with data.columns.prompt=<your column>{_column_example(record, _PROMPT_LIKE)}"
+        )
     known = {k: record[k] for k in FIELDS if k in record and record[k] is not None}
     io = known.pop("input_output", None)
     tests = known.get("tests")
     if io is not None and tests is not None:
         raise ValueError("has both 'tests' and 'input_output'; keep one (map the other away in data.columns)")
-    if tests is not None and (not isinstance(tests, str) or _is_io_json(tests)):
+    if isinstance(tests, list) and any(isinstance(t, str) for t in tests) and not _is_statements(tests):
+        raise ValueError(
+            "has a list of tests mixing strings and other values: give test statements (a list of strings, "
+            "e.g. MBPP's test_list) or stdin/stdout pairs (a list of {input, output} objects), not both"
+        )
+    if _is_statements(tests):  # MBPP's test_list: one assert a string, each a unit of the Python tests
+        known["tests"] = "".join(line.rstrip("\n") + "\n" for line in tests)
+    elif tests is not None and (not isinstance(tests, str) or _is_io_json(tests)):
         io = known.pop("tests")
     if io is not None and _call_based(io) is not None:  # APPS's fn_name cases: Python tests of a function
         spec = _call_based(io)
@@ -90,8 +104,10 @@ def problem_from_dict(record: Any, default_id: str) -> Problem:
             else ""
         )
         raise ValueError(
-            "needs 'tests' (Python source, or stdin/stdout pairs) or 'input_output' (APPS pairs) for "
-            f"sandboxed rewards, or 'answer' (for verifiers); keys present: {sorted(record)}{hint}"
+            "needs 'tests' (Python source, a list of test statements, or stdin/stdout pairs) or "
+            "'input_output' (APPS pairs) for sandboxed rewards, or 'answer' (for verifiers); keys present: "
+            f"{sorted(record)}{hint}; map the column that holds them with data.columns.tests=<your column>"
+            f"{_column_example(record, _TESTS_LIKE)}"
         )
     known["id"] = str(known.get("id", default_id))
     metadata = {k: v for k, v in record.items() if k not in FIELDS}
@@ -100,6 +116,24 @@ def problem_from_dict(record: Any, default_id: str) -> Problem:
     if entry != problem.entry_point:  # inferred from the tests (MBPP names none)
         problem = dataclasses.replace(problem, entry_point=entry)
     return problem
+
+
+# Column names that usually hold a prompt or the tests, for the example in a missing-field error.
+_PROMPT_LIKE = ("question", "text", "problem", "description", "instruction", "problem_statement", "content")
+_TESTS_LIKE = ("test_list", "test", "test_code", "unit_tests", "test_cases", "asserts")
+
+
+def _column_example(record: dict, likely: tuple[str, ...]) -> str:
+    """', e.g. data.columns.FIELD=question' naming a column the record has that usually holds it."""
+    field = "prompt" if likely is _PROMPT_LIKE else "tests"
+    column = next((c for c in likely if c in record), None)
+    return f", e.g. data.columns.{field}={column}" if column else ""
+
+
+def _is_statements(tests: Any) -> bool:
+    """A list of Python test statements as strings (MBPP's `test_list`: `["assert f(1) == 2", ...]`), not
+    stdin/stdout pairs (a list of objects). A list mixing the two is neither, and is refused as pairs."""
+    return isinstance(tests, list) and bool(tests) and all(isinstance(t, str) for t in tests)
 
 
 def _call_based(value: Any) -> dict | None:

@@ -52,6 +52,7 @@ def test_dry_run_command_is_what_slurm_schedules(slurm, tmp_path, name):
         name,
         f"cluster.partition={partition}",
         "--dry-run",
+        "--remote-paths",  # the GPU recipes' checkpoints live on the cluster's storage, not on this machine
     ]
     printed = slurm.run(cli, cwd=tmp_path).stdout.strip().splitlines()
     assert len(printed) == 1, printed

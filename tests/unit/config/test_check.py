@@ -161,15 +161,17 @@ def test_async_without_an_off_policy_correction_is_refused():
     assert check_recipe(load_recipe("grpo_tiny_cpu_separated", ["rollout.max_staleness=0"])) == []
 
 
-def test_missing_files_are_refused_by_the_driver_and_noted_by_validate(tmp_path):
-    from megatron_rl.check.recipe import notes
+def test_missing_files_are_refused_by_the_driver_and_by_validate_where_the_recipe_runs(tmp_path):
+    from megatron_rl.check.recipe import blocking, notes
 
     recipe = load_recipe(
         "grpo_tiny_cpu", [f"model.hf_checkpoint={tmp_path}/nope", f"data.source={tmp_path}/none.jsonl"]
     )
     problems = check_recipe(recipe)
     assert {p.key for p in problems} == {"model.hf_checkpoint", "data.source"}
-    assert refused(problems, "run") and not refused(problems, "validate")
+    assert refused(problems, "run") and not refused(problems, "validate")  # not refused wherever it runs
+    # A CPU recipe runs on this machine (`megatron-rl run`): validate refuses what the run could not read.
+    assert blocking(problems, recipe, "validate") == problems
     assert all(line.startswith("not checked here:") for line in notes(problems, "validate"))
     from megatron_rl.models.tiny import hf_config, tiny_spec
 
@@ -315,3 +317,43 @@ def test_partial_rollouts_and_the_tail_task_refuse_what_would_break_or_do_nothin
 def test_the_tail_share_is_refused_on_a_problem_source(tmp_path):
     cfg = load_recipe("grpo_tiny_hf_cpu", ["data.tail_share=0.2"])
     assert "data.tail_share" in {p.key for p in check_recipe(cfg, read_data=False)}
+
+
+BATCH_KEYS = (
+    "data.prompts_per_step",
+    "rollout.samples_per_prompt",
+    "algorithm.minibatches",
+    "layout.dp",
+    "optim.micro_batch_size",
+)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["optim.micro_batch_size=3"],  # the first edit a user makes
+        ["algorithm.minibatches=3"],
+        ["data.prompts_per_step=6"],
+        ["layout.tp=1", "layout.dp=2", "optim.micro_batch_size=1", "algorithm.minibatches=64"],
+        ["optim.micro_batch_size=128"],
+    ],
+    ids=lambda o: " ".join(o),
+)
+def test_a_batch_that_does_not_split_names_every_key_and_values_that_fit(overrides):
+    """The refusal names the five keys of the one equation, and each value it suggests, set alone, fits."""
+    [problem] = [
+        p for p in check_recipe(load_recipe("grpo_tiny_cpu", overrides)) if "The batch:" in p.message
+    ]
+    assert all(f"{key}=" in problem.message for key in BATCH_KEYS), problem.message
+    listed = problem.message.split("Values that fit, one key changed: ")[1]
+    fixes = [
+        (key, value)
+        for part in listed.split("; ")
+        for key, values in [part.split("=")]
+        for value in values.split(" or ")
+    ]
+    assert len({key for key, _ in fixes}) >= 2, listed
+    assert "layout.dp" not in {key for key, _ in fixes}  # set by the world size, not a batch knob
+    for key, value in fixes:
+        after = check_recipe(load_recipe("grpo_tiny_cpu", [*overrides, f"{key}={value}"]))
+        assert not [p for p in after if "The batch:" in p.message], (key, value, after)

@@ -123,6 +123,25 @@ def test_cp_copy_runs_even_under_the_shipped_name(tmp_path):
     assert again.returncode == 1 and "--force" in again.stderr
 
 
+@pytest.mark.parametrize("name", sorted(shipped_recipes()))
+def test_cp_rewrites_the_launch_comment_to_launch_the_copy(name, tmp_path, monkeypatch, capsys):
+    from megatron_rl.cli.recipes import cp
+    from megatron_rl.config.load import resolve_recipe
+
+    monkeypatch.chdir(tmp_path)
+    assert cp([name, "mine"]) == 0
+    copy = tmp_path / "mine" / f"{name}.yaml"
+    text, shipped = copy.read_text(), shipped_recipes()[name].read_text()
+    head = text.splitlines()[0]
+    command = re.fullmatch(r"# Launch: megatron-rl (run|submit) (\S+)( .*)?", head)
+    assert command, head  # `make demo` launches the shipped recipe, never the copy
+    assert resolve_recipe(command.group(2)) == copy.resolve()
+    comment = [line for line in text.splitlines() if line.startswith("#   (=") or line.startswith("#    =")]
+    assert all(f"mine/{name}.yaml" in line for line in comment), comment
+    # Below the launch comment, the copy is the shipped recipe, byte for byte.
+    assert shipped.endswith(text.split("\n", len(comment) + 1)[-1])
+
+
 def test_validate_cli_reports_every_problem():
     proc = _cli("validate", "grpo_tiny_cpu", "layout.tp=4", "rollout.temperature=0")
     assert proc.returncode == 1

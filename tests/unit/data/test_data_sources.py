@@ -77,6 +77,53 @@ def test_column_mapping(tmp_path):
         load_problems(path, {"prompt": ""})
 
 
+def test_a_list_of_assert_strings_is_python_tests_one_unit_each(tmp_path):
+    """MBPP's `test_list` shape mapped to `tests`: test statements, not stdin/stdout pairs."""
+    from megatron_rl.reward.testrunner import plan_tests
+
+    path = tmp_path / "mbpp_like.jsonl"
+    row = {
+        "task_id": 3,
+        "question": "Write add(a, b).",
+        "checks": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"],
+    }
+    path.write_text(json.dumps(row) + "\n")
+    (p,) = load_problems(path, {"id": "task_id", "prompt": "question", "tests": "checks"})
+    assert p.io_tests == () and p.tests == "assert add(1, 2) == 3\nassert add(0, 0) == 0\n"
+    assert p.entry_point == "add" and plan_tests(p.tests, p.entry_point).total == 2
+    # A list of objects stays stdin/stdout pairs; a list of both kinds is neither, and says so.
+    assert load_problem(_one(tmp_path, IO)).io_tests == (("1 2\n", "3\n"),)
+    mixed = {"prompt": "p", "tests": ["assert f() == 1", {"input": "1\n", "output": "2\n"}]}
+    with pytest.raises(ValueError, match="mixing strings and other values"):
+        load_problem(_one(tmp_path, mixed))
+
+
+def _one(tmp_path, record) -> object:
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+@pytest.mark.parametrize(
+    "record, hint",
+    [
+        (
+            {"question": "q", "tests": "assert f() == 1"},
+            "data.columns.prompt=<your column>, e.g. data.columns.prompt=question",
+        ),
+        ({"body": "q", "tests": "assert f() == 1"}, "data.columns.prompt=<your column>"),
+        (
+            {"prompt": "q", "test_code": "assert f() == 1"},
+            "data.columns.tests=<your column>, e.g. data.columns.tests=test_code",
+        ),
+    ],
+)
+def test_a_missing_field_says_how_to_map_a_column_to_it(tmp_path, record, hint):
+    with pytest.raises(ValueError, match="missing required key 'prompt'|needs 'tests'") as e:
+        load_problem(_one(tmp_path, record))
+    assert hint in str(e.value)
+
+
 @pytest.mark.parametrize(
     "tests",
     [

@@ -81,3 +81,29 @@ def test_layout_problems_name_each_cause():
     recipe.layout.engine_count = 8  # 8 engines of TP2 on 8 colocated ranks
     [e] = _layout_problems(recipe)
     assert "16 engine ranks exceed the 8 trainer ranks" in e
+
+
+def test_a_path_the_job_could_not_read_refuses_the_submission_unless_told_it_is_remote(
+    capsys, monkeypatch, tmp_path
+):
+    """From a login node, which sees what its jobs see, a mistyped path would queue a job that cannot
+    start: refused, naming the path and the flag; `--remote-paths` notes it instead."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "")  # had it tried to submit, sbatch would be missing
+    rc = main(["grpo_tiny_cpu", f"checkpoint.resume={tmp_path / 'no_such_step'}", "--dry-run"])
+    out, err = capsys.readouterr()
+    assert rc == 1 and out == "" and "was not submitted" in err
+    assert f"checkpoint.resume='{tmp_path / 'no_such_step'}'" in err
+    assert "this machine cannot see checkpoint.resume" in err and "--remote-paths" in err
+    assert "(megatron-rl validate)" in err  # a CPU recipe: validate refuses the path too
+    rc = main(
+        ["grpo_tiny_cpu", f"checkpoint.resume={tmp_path / 'no_such_step'}", "--dry-run", "--remote-paths"]
+    )
+    out, err = capsys.readouterr()
+    assert rc == 0 and out.startswith("sbatch ") and "not checked here: checkpoint.resume=" in err
+    # A GPU cluster's recipe: its checkpoint on the cluster's storage is not here either.
+    assert main(["grpo_qwen2.5-7b_1n8g", "--dry-run"]) == 1
+    err = capsys.readouterr().err
+    assert "this machine cannot see model.hf_checkpoint" in err
+    assert "(megatron-rl validate)" not in err  # which only notes a GPU cluster's paths
+    assert main(["grpo_qwen2.5-7b_1n8g", "--dry-run", "--remote-paths"]) == 0
