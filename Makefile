@@ -36,7 +36,7 @@ demo: prereqs $(STAMP)
 	MEGATRON_RL_RUN_NAME=grpo_tiny_cpu-$$(date +%Y%m%d-%H%M%S) $(BIN)/megatron-rl run grpo_tiny_cpu
 
 # The real-checkpoint path on CPU: a tiny Qwen2-format checkpoint (built once under .cache/), its
-# tokenizer and chat template, end-of-sequence stops, the sandbox, checkpoints (export: tools/export_hf.py).
+# tokenizer and chat template, end-of-sequence stops, the sandbox, checkpoints (export: megatron-rl export).
 demo-hf: prereqs $(STAMP)
 	MEGATRON_RL_RUN_NAME=grpo_tiny_hf_cpu-$$(date +%Y%m%d-%H%M%S) $(BIN)/megatron-rl run grpo_tiny_hf_cpu
 

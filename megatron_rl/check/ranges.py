@@ -158,7 +158,6 @@ NUMERIC: dict[str, tuple] = {
     "cluster.dist_timeout_s": _ge(MIN_DIST_TIMEOUT_S, DAY_S),
     "plan.train_mfu": FRACTION,
     "plan.generation_bw_fraction": FRACTION,
-    "plan.target_steps": _ge(1, STEPS),
     "plan.target_hours": _gt(0, 24 * 365 * 10),
     "plan.publish_pack_s": _ge(0, DAY_S),
     "plan.publish_install_s": _ge(0, DAY_S),

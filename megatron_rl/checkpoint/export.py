@@ -15,6 +15,7 @@ Rank 0 then converts names and fused layouts back to HF's (padding removed) and 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -124,6 +125,13 @@ COMPANION_FILES = (
 )
 
 
+def _umask() -> int:
+    """This process's umask (reading it means setting it; it is put back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_hf(policy, out_dir: str | Path, dtype: str | None = None, source: str | None = None) -> Path | None:
     """Write the HF directory (rank 0). Returns its path on rank 0, None elsewhere.
 
@@ -146,11 +154,11 @@ def write_hf(policy, out_dir: str | Path, dtype: str | None = None, source: str 
     tdtype = torch_dtype(hf_dtype)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {k: v.to(tdtype).contiguous() for k, v in hf.items()},
-        str(out / "model.safetensors"),
-        metadata={"format": "pt"},
-    )
+    weights = out / "model.safetensors"
+    save_file({k: v.to(tdtype).contiguous() for k, v in hf.items()}, str(weights), metadata={"format": "pt"})
+    # safetensors creates its file 0600 whatever the umask; the export is shared like the files beside it
+    # (config.json, the tokenizer: 0644 under the usual umask 022), so it gets the mode they get.
+    weights.chmod(0o666 & ~_umask())
     hf_config(spec, hf_dtype).save_pretrained(out)
     if source:
         import shutil

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "score completions against their problems' tests (one, or a file of them)",
     ),
     "submit": ("megatron_rl.cli.submit:main", "render and submit the sbatch command for a recipe"),
+    "export": ("megatron_rl.cli.export:main", "a checkpoint's policy as an HF safetensors folder"),
     "ckpt": ("megatron_rl.cli.ckpt:main", "check checkpoints against their manifests (ckpt verify)"),
     "doctor": (
         "megatron_rl.cli.doctor:main",

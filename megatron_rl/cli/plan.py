@@ -34,7 +34,11 @@ def _parser() -> argparse.ArgumentParser:
         help="Hydra overrides, e.g. cluster.nodes=16 layout.dp=8 layout.engine_count=32",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of text")
-    p.add_argument("--plot", metavar="FILE", help="write a PNG Gantt of the serial and overlapped timelines")
+    p.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="write a PNG Gantt of two steps: the recipe's layout and the one the search ranks first",
+    )
     p.add_argument(
         "--from-steps", metavar="F", help="steps.jsonl of a run: replace assumed phase times with measured"
     )

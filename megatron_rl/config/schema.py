@@ -300,8 +300,7 @@ class PlanConfig:
 
     train_mfu: float = 0.40
     generation_bw_fraction: float = 0.75
-    target_steps: int = 600
-    target_hours: float = 48.0
+    target_hours: float = 48.0  # the run's `steps` must fit in it
     publish_pack_s: float = 0.0
     publish_install_s: float = 0.0
     publish_validate_s: float = 0.0

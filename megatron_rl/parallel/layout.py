@@ -251,7 +251,7 @@ class ParallelLayout:
         tr = f"trainer TP{self.tp} PP{self.pp} DP{self.dp}" + (f" CP{self.cp}" if self.cp > 1 else "")
         if self.ep > 1 or self.etp > 1:
             tr += f" EP{self.ep} ETP{self.etp}"
-        en = f"{self.engine_count} x TP{self.engine_tp} engines"
+        en = f"{self.engine_count} x TP{self.engine_tp} engine{'' if self.engine_count == 1 else 's'}"
         if self.colocated:
             return f"colocated {self.gpus} GPUs: {tr}, {en}, recompute {self.recompute}"
         mode = "async" if self.overlapped else "sync"

@@ -18,8 +18,9 @@ import statistics
 from pathlib import Path
 
 from megatron_rl.parallel.layout import ParallelLayout
-from megatron_rl.plan.cycle import PHASES, Cycle, compare_splits, from_phases
+from megatron_rl.plan.cycle import PHASES, Cycle, from_phases
 from megatron_rl.plan.inputs import PlanError, PlanInputs
+from megatron_rl.plan.search import compare_splits
 
 KNOWN = ("init", *PHASES)
 ADDITIVE = ("publish",)
@@ -129,8 +130,6 @@ def calibrate(inp: PlanInputs, layout: ParallelLayout, predicted: Cycle, summary
             option.memory,
         )
         rows.append(cal)
-    fitting = [c for c in rows if c.fits and not c.layout.colocated]
-    best = min(fitting, key=lambda c: c.step_s) if fitting else None
     return {
         "steps": summary["steps"],
         "measured_s": dict(phases),
@@ -141,5 +140,4 @@ def calibrate(inp: PlanInputs, layout: ParallelLayout, predicted: Cycle, summary
         "mem_gib_max": summary["mem_gib_max"],
         "cycle": now,
         "what_if": rows,
-        "best_separated": best,
     }

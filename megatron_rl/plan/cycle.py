@@ -243,27 +243,3 @@ def split_options(total_gpus: int, gpus_per_node: int) -> list[int]:
         return every
     picks = {max(gran, min(total_gpus - gran, round(total_gpus * k / 8 / gran) * gran)) for k in range(1, 8)}
     return sorted(picks)
-
-
-def compare_splits(inp: PlanInputs, layout: ParallelLayout) -> list[Cycle]:
-    """Colocated vs separated (sync and async) on all the cluster's GPUs, with this layout's TP/PP/engine TP."""
-    total = inp.hw.gpus
-    unit = layout.tp * layout.pp * layout.cp
-    out = []
-    if total % unit == 0 and total % layout.engine_tp == 0:
-        colo = layout.with_(placement="colocated", synchrony="sync", dp=total // unit)
-        colo = colo.with_(engine_count=total // layout.engine_tp)
-        out.append(cycle(inp, lightest_fitting(inp, colo)))
-    for engine_gpus in split_options(total, inp.hw.gpus_per_node):
-        trainer_gpus = total - engine_gpus
-        if trainer_gpus % unit or engine_gpus % layout.engine_tp:
-            continue
-        sep = layout.with_(
-            placement="separated",
-            dp=trainer_gpus // unit,
-            engine_count=engine_gpus // layout.engine_tp,
-        )
-        sep = lightest_fitting(inp, sep)
-        for mode in ("sync", "async"):
-            out.append(cycle(inp, sep.with_(synchrony=mode)))
-    return out

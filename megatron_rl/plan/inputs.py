@@ -53,7 +53,7 @@ class Workload:
     old_forward: bool
     seconds_per_sample: float  # scoring, in one core of the pool
     pool_cores: int
-    steps: int  # target steps (plan.target_steps)
+    steps: int  # the run's steps (the recipe's `steps`)
 
     @property
     def samples(self) -> int:
@@ -202,7 +202,7 @@ def inputs_from_run(run) -> PlanInputs:
         old_forward=needs_forward(a.old_logprobs, a.minibatches, a.kl_in_reward, a.kl_coef),
         seconds_per_sample=recipe.reward.seconds_per_sample,
         pool_cores=recipe.reward.pool_cores,
-        steps=p.target_steps,
+        steps=recipe.steps,
     )
     hw = Hardware(
         nodes=c.nodes,

@@ -24,6 +24,7 @@ from functools import lru_cache
 
 from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.inputs import PlanInputs
+from megatron_rl.plan.wording import count
 
 
 @lru_cache(maxsize=4096)
@@ -98,7 +99,7 @@ def publication(inp: PlanInputs, layout: ParallelLayout) -> dict:
         cut_bw = min(t_nodes, e_nodes) * hw.node_ib_bytes_per_s
         cuts.append(
             {
-                "cut": f"trainer -> engine pools ({min(t_nodes, e_nodes)} node links)",
+                "cut": f"trainer -> engine pools ({count(min(t_nodes, e_nodes), 'node link')})",
                 "bytes": w,
                 "gbps": cut_bw / 1e9,
                 "floor_s": w / cut_bw,

@@ -6,16 +6,11 @@ One function per section, each reading the typed PlanReport (report_types.py) an
 from __future__ import annotations
 
 from megatron_rl.plan.report_types import PlanReport
+from megatron_rl.plan.wording import count, every, noun
+from megatron_rl.plan.wording import num as _f
 
 PF = 1e15
 GB = 1e9
-
-
-def _f(x: float, nd: int = 1) -> str:
-    """Fixed decimals, but never a bare 0.0 for a small non-zero value (tiny recipes)."""
-    if x and abs(x) < 0.5 * 10**-nd:
-        return f"{x:.2g}"
-    return f"{x:,.{nd}f}"
 
 
 def _count(n: float) -> str:
@@ -61,11 +56,11 @@ def _header(r: PlanReport) -> list[str]:
         *moe,
         f"         KV cache {b:,} B/token = 2 x {m.layers} layers x {m.kv_heads} KV heads x "
         f"{m.head_dim} x {b // (2 * m.layers * m.kv_heads * m.head_dim)} B",
-        f"Cluster  {c.nodes} nodes x {c.gpus_per_node} = {c.gpus} GPUs; {c.gpu_memory_gib:.0f} GiB, "
+        f"Cluster  {count(c.nodes, 'node')} x {c.gpus_per_node} = {count(c.gpus, 'GPU')}; {c.gpu_memory_gib:.0f} GiB, "
         f"HBM {_f(c.hbm_gbps, 0)} GB/s, {c.peak_tflops:,.4g} TFLOPS bf16 dense; NVLink "
         f"{_f(c.nvlink_gbps, 0)} GB/s; IB {_f(c.node_ib_gbps, 0)} GB/s per node; storage "
         f"{_f(c.storage_gbps, 0)} GB/s; node MTBF {c.node_mtbf_days:g} days",
-        f"Layout   {r.layout.describe} ({r.layout.synchrony})",
+        f"Layout   {r.layout.describe}" + (" (sync)" if r.layout.placement == "colocated" else ""),
         f"Assume   training at {a.train_mfu:.0%} of peak compute; generation at "
         f"{a.generation_bw_fraction:.0%} of peak HBM bandwidth; prefix sharing "
         f"{'on' if a.prefix_sharing else 'off'}; runtime {a.trainer_runtime_gib:g} GiB trainer / "
@@ -77,7 +72,7 @@ def _header(r: PlanReport) -> list[str]:
 def _tokens(r: PlanReport) -> list[str]:
     t = r.tokens
     ps = t.per_sample
-    return ["", f"1. Tokens per step: {t.sequences:,} sequences"] + _rows(
+    return ["", f"1. Tokens per step: {count(t.sequences, 'sequence')}"] + _rows(
         [
             ("prompt", f"{ps.prompt:,} per sample", f"{t.prompt:,}", f"({t.prompt_unique:,} unique)"),
             ("completion", f"{ps.completion:,} mean, cap {ps.completion_cap:,}", f"{t.completion:,}", ""),
@@ -123,21 +118,22 @@ def _generation(r: PlanReport) -> list[str]:
     idle = 1 - gs.generation / gs.generation_held if gs.generation_held else 0.0
     return [
         "",
-        f"3. Generation ({g.engines} engines x TP{g.engine_tp}; {_f(bw, 0)} GB/s per GPU assumed)",
+        f"3. Generation ({count(g.engines, 'engine')} x TP{g.engine_tp}; {_f(bw, 0)} GB/s per GPU assumed)",
         f"   bytes per decode step  {_f(g.bytes_per_decode_step / GB, 2)} GB per engine = weights "
         f"{_f(g.weights_bytes_per_step / GB, 2)} + KV {_f(g.kv_bytes_per_step / GB, 2)} "
-        f"({g.concurrent_sequences} sequences x {ctx:,.0f} tokens of context x {b:,} B)",
+        f"({count(g.concurrent_sequences, 'sequence')} x {ctx:,.0f} {noun(round(ctx), 'token')} of context "
+        f"x {b:,} B)",
         f"   prefill                {_f(g.prefill_flops_shared / PF)} PFLOP with prefix sharing, "
         f"{_f(g.prefill_flops_unshared / PF)} without; {_f(g.prefill_s, 2)} s, {_f(gs.prefill, 0)} GPU-s",
         f"   KV capacity            {g.kv_tokens_per_engine:,} tokens per engine -> "
-        f"{g.concurrent_sequences} concurrent sequences at the mean context "
-        f"({g.kv_tokens_per_sequence:,.0f} tokens; {g.concurrent_at_cap} at the cap); "
-        f"{g.sequences_per_engine} per engine to generate",
-        f"   decode                 bulk {g.bulk_decode_steps:,} steps {_f(g.bulk_decode_s)} s"
-        f"{' (compute-bound)' if g.compute_bound else ''}, then the tail to {g.decode_steps:,} steps "
+        f"{count(g.concurrent_sequences, 'concurrent sequence')} at the mean context "
+        f"({count(round(g.kv_tokens_per_sequence), 'token')}; {g.concurrent_at_cap:,} at the cap); "
+        f"{g.sequences_per_engine:,} per engine to generate",
+        f"   decode                 bulk {count(g.bulk_decode_steps, 'step')} {_f(g.bulk_decode_s)} s"
+        f"{' (compute-bound)' if g.compute_bound else ''}, then the tail to {count(g.decode_steps, 'step')} "
         f"{_f(g.tail_s)} s",
         f"   longest completion     {_f(r.seconds.longest_completion_floor)} s sequential decode floor "
-        f"({r.tokens.per_sample.completion_cap:,} tokens, one per step)",
+        f"({count(r.tokens.per_sample.completion_cap, 'token')}, one per step)",
         f"   wall {_f(g.wall_s)} s; GPU-seconds {_f(gs.generation, 0)} of work, "
         f"{_f(gs.generation_held, 0)} held ({idle:.0%} idle in the tail)",
     ]
@@ -148,9 +144,9 @@ def _scoring(r: PlanReport) -> list[str]:
     return [
         "",
         "4. Scoring (CPU pool)",
-        f"   {r.tokens.sequences:,} samples -> {_f(s.core_seconds, 0)} core-s: {s.serial_s:.1f} s in "
-        f"{s.waves} waves unstreamed; streamed, {sec.scoring_hidden:.1f} s hide behind generation and "
-        f"{sec.scoring_exposed:.1f} s are exposed",
+        f"   {count(r.tokens.sequences, 'sample')} -> {_f(s.core_seconds, 0)} core-s: {_f(s.serial_s)} s in "
+        f"{count(s.waves, 'wave')} unstreamed; streamed, {_f(sec.scoring_hidden)} s hide behind generation "
+        f"and {_f(sec.scoring_exposed)} s are exposed",
     ]
 
 
@@ -173,9 +169,17 @@ def _cycle(r: PlanReport) -> list[str]:
             "TP x PP and engine TP (see the search)"
         )
     else:
+        if r.layout.placement == "colocated":
+            which = (
+                " (the best split of these GPUs at this layout's TP x PP and engine TP; section 10 ranks all)"
+            )
+        elif r.layout.synchrony == "sync":
+            which = " (this layout with layout.synchrony=async)"
+        else:
+            which = " (this layout)"
         L.append(
             f"   overlapped steady state   {_f(ov.overlapped_s)} s = max(collection {_f(ov.collection_s)}, "
-            f"learning {_f(ov.learning_s)}) on {ov.describe}"
+            f"learning {_f(ov.learning_s)}) on {ov.describe}{which}"
         )
     how = "calibrated with the measured phases" if r.calibrated else "predicted"
     L.append(f"   colocated vs separated on all GPUs, {how} (GPU x seconds per step):")
@@ -217,7 +221,7 @@ def _publication(r: PlanReport) -> list[str]:
         )
         + [
             f"   over one node's IB ({_f(sch.link_gbps, 0)} GB/s): one copy {sch.one_copy_s:.3f} s; "
-            f"{sch.replicas} replicas through it {sch.k_replicas_one_bottleneck_s:.2f} s; broadcast tree "
+            f"{count(sch.replicas, 'replica')} through it {sch.k_replicas_one_bottleneck_s:.2f} s; broadcast tree "
             f"{sch.broadcast_tree_s:.2f} s",
             f"   floor {p.floor_s:.3f} s + pack {p.pack_s:g} + install {p.install_s:g} + validate "
             f"{p.validate_s:g} = {p.total_s:.3f} s",
@@ -234,7 +238,8 @@ def _memory(r: PlanReport) -> list[str]:
         f"7. Memory per GPU (GiB, of {mg.gpu_memory:.0f})",
         f"   trainer (PP stage {tr.stage} of {tr.stages}) {tr.total:.1f} = params {tr.params:.1f} + grads "
         f"{tr.grads:.1f} + optimizer {tr.optimizer:.1f} + activations {tr.activations:.1f} "
-        f"({tr.in_flight_microbatches} microbatches in flight, recompute {tr.recompute}) + logits "
+        f"({count(tr.in_flight_microbatches, 'microbatch', 'microbatches')} in flight, recompute "
+        f"{tr.recompute}) + logits "
         f"{tr.logits:.1f} + runtime {tr.runtime:.1f}",
         "   activations by recompute: " + ", ".join(f"{k} {v:.1f}" for k, v in act.items()),
         f"   engine {en.total:.1f} = weights {en.weights:.1f} + KV cache {en.kv_cache:.1f} + runtime "
@@ -254,10 +259,10 @@ def _reliability(r: PlanReport) -> list[str]:
         + (" (async: staging copy)" if ck.async_save else "")
     )
     L.append(
-        f"   job MTBF {rel.job_mtbf_s / 3600:.1f} h ({rel.nodes} nodes): {rel.expected_failures:.2f} "
+        f"   job MTBF {rel.job_mtbf_s / 3600:.1f} h ({count(rel.nodes, 'node')}): {rel.expected_failures:.2f} "
         f"expected failures; Young/Daly interval {rel.young_daly_interval_s:.0f} s "
-        f"({rel.young_daly_interval_if_sync_s:.0f} s if saves were synchronous) = every "
-        f"{rel.interval_steps_optimal} step(s)"
+        f"({rel.young_daly_interval_if_sync_s:.0f} s if saves were synchronous) = "
+        f"{every(rel.interval_steps_optimal, 'step')}"
     )
     if rel.interval_source == "never":
         L.append(
@@ -267,7 +272,7 @@ def _reliability(r: PlanReport) -> list[str]:
         )
     else:
         L.append(
-            f"   saving every {rel.interval_steps} step(s) ({rel.interval_source.replace('_', '/')}): "
+            f"   saving {every(rel.interval_steps, 'step')} ({rel.interval_source.replace('_', '/')}): "
             f"expected lost {rel.expected_lost_s / 3600:.2f} h ({rel.lost_per_failure_s:.0f} s per "
             f"failure) + saves {rel.save_overhead_s / 3600:.2f} h"
         )
@@ -278,9 +283,9 @@ def _target(r: PlanReport) -> list[str]:
     tg = r.target
     L = ["", "9. Target"]
     L.append(
-        f"   {tg.steps} steps predicted in {tg.predicted_hours:.1f} h vs {tg.hours:g} h target: "
+        f"   {count(tg.steps, 'step')} predicted in {tg.predicted_hours:.1f} h vs {tg.hours:g} h target: "
         + ("MET" if r.meets_target else "NOT MET")
-        + f" (margin {tg.margin_hours:+.1f} h; {tg.steps_in_target} steps fit in the target)"
+        + f" (margin {tg.margin_hours:+.1f} h; {count(tg.steps_in_target, 'step')} fit in the target)"
     )
     if tg.predicted_hours_with_young_daly is not None:
         L.append(
@@ -303,7 +308,7 @@ def _calibration(r: PlanReport) -> list[str]:
             how = f"{cal.offsets[name]:+.2f} s"
         rows.append((name, _f(v, 2), _f(pred, 2) if pred is not None else "-", how))
     return (
-        ["", f"Calibration from {cal.steps} measured steps (median seconds; measured / predicted)"]
+        ["", f"Calibration from {count(cal.steps, 'measured step')} (median seconds; measured / predicted)"]
         + _rows(rows)
         + ["   what if we separate the pools: the calibrated rows of the table in section 5"]
     )
@@ -315,8 +320,8 @@ def _search(r: PlanReport) -> list[str]:
         return []
     L = [
         "",
-        f"10. Layout search over {sr.gpus} GPUs: {sr.evaluated} candidate layouts; ranked by step time, "
-        f"{sr.accepted} fitting options (a separated layout counts as sync and as async)",
+        f"10. Layout search over {count(sr.gpus, 'GPU')}: {count(sr.evaluated, 'candidate layout')}; ranked "
+        f"by step time, {count(sr.accepted, 'fitting option')} (a separated layout counts as sync and as async)",
     ]
     L += _rows(
         [("#", "layout", "step s", "peak GiB")]

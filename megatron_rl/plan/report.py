@@ -16,7 +16,7 @@ from megatron_rl.plan import generation as gen_mod
 from megatron_rl.plan import memory as mem_mod
 from megatron_rl.plan import reliability as rel_mod
 from megatron_rl.plan.alltoall import step_alltoall
-from megatron_rl.plan.cycle import Cycle, compare_splits, cycle
+from megatron_rl.plan.cycle import Cycle, cycle
 from megatron_rl.plan.flops import (
     logprob_forward_flops,
     prefill_flops,
@@ -56,7 +56,8 @@ from megatron_rl.plan.report_types import (
     Units,
     from_dict,
 )
-from megatron_rl.plan.search import search
+from megatron_rl.plan.search import compare_splits, search
+from megatron_rl.plan.wording import a, count, noun, num
 
 REQUIRED_KEYS = (
     "weights_bytes",
@@ -87,17 +88,21 @@ def _gib(d: dict) -> dict:
 
 
 def _overlap_option(own: Cycle, splits: list[Cycle]) -> Cycle | None:
-    """The overlapped steady state: the recipe's own if it is separated and async, else the best split."""
+    """The overlapped steady state: the recipe's own pools run one step asynchronous when it is separated
+    (the same phases, pipelined: what `layout.synchrony=async` would give), else the best split."""
     if own.layout.overlapped:
         return own
     if not own.layout.colocated:
-        return own  # same pools, pipelined: overlapped_s of the same phases
+        return dataclasses.replace(own, layout=own.layout.with_(synchrony="async"))
     options = [c for c in splits if c.layout.overlapped and c.fits]
     return min(options, key=lambda c: c.step_s) if options else None
 
 
 def _dominant(inp: PlanInputs, c: Cycle, gpu_s: GpuSeconds, step: Cycle) -> Dominant:
-    """Which phase is bigger in GPU-seconds of work (predicted) and in wall time (measured when calibrated)."""
+    """Which phase is bigger in GPU-seconds of work (predicted) and in wall time (measured when calibrated).
+
+    Wall time counts every phase a step waits on, the reward pool's exposed scoring included: on a small
+    model it is most of the step, and more GPUs do not shorten it."""
     work = {
         "generation": gpu_s.generation,
         "train": gpu_s.train + gpu_s.train_recompute_extra,
@@ -106,40 +111,48 @@ def _dominant(inp: PlanInputs, c: Cycle, gpu_s: GpuSeconds, step: Cycle) -> Domi
     ph = step.phases
     wall = {
         "generation": ph.get("generation", 0.0),
+        "scoring": ph.get("scoring", 0.0),  # the wait for rewards after generation ends
         "train": ph.get("train_fwd_bwd", 0.0) + ph.get("optimizer", 0.0),
         "logprob_forwards": ph.get("old_logprobs", 0.0) + ph.get("ref_logprobs", 0.0),
     }
     by_work = max(work, key=work.__getitem__)
     by_wall = max(wall, key=wall.__getitem__)
-    g = c.gen
+    g, w = c.gen, inp.work
     idle = 1.0 - g.gpu_seconds / g.gpu_seconds_held if g.gpu_seconds_held else 0.0
     ranked = sorted(work, key=work.__getitem__, reverse=True)
     ratio = work[ranked[0]] / work[ranked[1]] if work[ranked[1]] else float("inf")
     parts = [
-        f"In GPU-seconds of work {ranked[0]} leads ({work[ranked[0]]:,.0f} vs {ranked[1]} "
-        f"{work[ranked[1]]:,.0f}, x{ratio:.2f}); in wall time {by_wall} leads (generation "
-        f"{wall['generation']:.1f} s, training {wall['train']:.1f} s, log-prob forwards "
-        f"{wall['logprob_forwards']:.1f} s)."
+        f"In GPU-seconds of work {ranked[0]} leads ({num(work[ranked[0]], 0)} vs {ranked[1]} "
+        f"{num(work[ranked[1]], 0)}, x{ratio:.2f}); in wall time {by_wall} leads (generation "
+        f"{num(wall['generation'])} s, scoring (exposed) {num(wall['scoring'])} s, training "
+        f"{num(wall['train'])} s, log-prob forwards {num(wall['logprob_forwards'])} s)."
     ]
-    if g.tail_s > 0.2 * g.decode_s:
-        per_token = g.longest_completion_floor_s / inp.work.max_new_tokens * 1e3
+    if by_wall == "scoring":
         parts.append(
-            f"Generation's work is {g.gpu_seconds:,.0f} GPU-s (prefill {g.prefill_s:.1f} s + bulk decode "
-            f"{g.bulk_decode_s:.1f} s on {g.engines} x TP{g.engine_tp} engines, bound by HBM bandwidth), but "
-            f"its wall time is held by the longest completion: {inp.work.max_new_tokens:,} tokens, one per "
-            f"decode step at {per_token:.2f} ms however empty the batch, a {g.longest_completion_floor_s:.1f} s "
-            f"floor that more engines do not shorten (a wider engine TP does). Generation holds its GPUs "
-            f"{g.wall_s:.1f} s and {idle:.0%} of those GPU-seconds wait on that tail."
+            f"Scoring is the CPU pool's: {count(w.samples, 'sample')} x {w.seconds_per_sample:g} core-s over "
+            f"{count(w.pool_cores, 'core')}, of which {num(wall['scoring'])} s wait after generation ends; "
+            "more reward cores (reward.pool_cores) or cheaper tests shorten it, more GPUs do not."
+        )
+    if g.tail_s > 0.2 * g.decode_s:
+        per_token = g.longest_completion_floor_s / w.max_new_tokens * 1e3
+        parts.append(
+            f"Generation's work is {num(g.gpu_seconds, 0)} GPU-s (prefill {num(g.prefill_s)} s + bulk decode "
+            f"{num(g.bulk_decode_s)} s on {g.engines} x TP{g.engine_tp} {noun(g.engines, 'engine')}, bound by "
+            f"{'compute' if g.compute_bound else 'HBM bandwidth'}), but its wall time is held by the longest "
+            f"completion: {count(w.max_new_tokens, 'token')}, one per decode step at {per_token:.2f} ms however "
+            f"empty the batch, {a(num(g.longest_completion_floor_s))} s floor that more engines do not shorten "
+            f"(a wider engine TP does). Generation holds its GPUs {num(g.wall_s)} s and {idle:.0%} of those "
+            "GPU-seconds wait on that tail."
         )
     else:
         parts.append(
-            f"Generation keeps its batches full ({g.bulk_decode_steps:,} bulk decode steps against a "
-            f"{inp.work.max_new_tokens:,}-token cap), so its wall time is its "
-            f"{'compute' if g.compute_bound else 'bandwidth'} work spread over {g.engines} engines."
+            f"Generation keeps its batches full ({count(g.bulk_decode_steps, 'bulk decode step')} against "
+            f"{a(f'{w.max_new_tokens:,}-token cap')}), so its wall time is its "
+            f"{'compute' if g.compute_bound else 'bandwidth'} work spread over {count(g.engines, 'engine')}."
         )
     parts.append(
-        f"Training is compute-bound: {work['train']:,.0f} GPU-s at {inp.assume.train_mfu:.0%} MFU over "
-        f"{c.layout.trainer_gpus} trainer GPUs, so its wall time falls with every GPU added."
+        f"Training is compute-bound: {num(work['train'], 0)} GPU-s at {inp.assume.train_mfu:.0%} MFU over "
+        f"{count(c.layout.trainer_gpus, 'trainer GPU')}, so its wall time falls with every GPU added."
     )
     return Dominant(gpu_seconds=by_work, wall=by_wall, work_gpu_s=work, wall_s=wall, why=" ".join(parts))
 
@@ -339,9 +352,8 @@ def build_report(
     own = cycle(inp, layout)
     splits = compare_splits(inp, layout)
     step = own if calibration is None else calibration["cycle"]
-    overlap = _overlap_option(own, splits)
-    if calibration is not None and own.layout.colocated and calibration["best_separated"] is not None:
-        overlap = calibration["best_separated"]
+    rows = splits if calibration is None else calibration["what_if"]
+    overlap = _overlap_option(step, rows)  # from the calibrated what-ifs when measured
     restart = rel_mod.RESTART_FIXED_S
     if calibration is not None and calibration["init_s"] is not None:
         restart = calibration["init_s"]
@@ -367,7 +379,7 @@ def build_report(
         seconds=_seconds(own, scoring, step, overlap),
         phases_s=dict(step.phases),
         overlap=CycleRow.of(overlap) if overlap is not None else None,
-        splits=tuple(CycleRow.of(c) for c in (splits if calibration is None else calibration["what_if"])),
+        splits=tuple(CycleRow.of(c) for c in rows),
         publication=_publication(own.publication),
         memory_gib=_memory(inp, layout, own.memory),
         reliability=rel,

@@ -21,9 +21,11 @@ TP_OPTIONS = (1, 2, 4, 8)
 PP_OPTIONS = (1, 2, 4, 8, 16)
 ENGINE_TP_OPTIONS = (1, 2, 4, 8)
 EP_OPTIONS = (1, 2, 4, 8, 16, 32)  # a mixture of experts only; a dense model searches EP 1
-# Every candidate starts from sequence parallelism and selective recompute; `lightest_fitting` then
-# picks the cheapest recompute that fits.
-CANDIDATE = dict(recompute="selective", sequence_parallel=True)
+# Every candidate starts from selective recompute (`lightest_fitting` then picks the cheapest that fits)
+# and, on a GPU cluster, sequence parallelism. The CPU build's trainer refuses sequence parallelism
+# (check/rules.py `layout`), so a CPU cluster's candidates go without: ranking a layout the driver
+# refuses would also give it the recipe's own description at another step time.
+CANDIDATE = dict(recompute="selective")
 
 
 def structural_reason(inp: PlanInputs, layout: ParallelLayout) -> str | None:
@@ -31,15 +33,19 @@ def structural_reason(inp: PlanInputs, layout: ParallelLayout) -> str | None:
 
     The rules are the run's own (`ParallelLayout.check`, what `validate` applies to a recipe), minus
     what only the driver lacks today (kind "driver"); a collective that would cross nodes is named
-    first. One rule is the search's own: a DP rank with no sequence of a minibatch would sit idle.
+    first. One rule is the search's own: a DP rank without a whole micro batch of a minibatch would sit idle.
     """
     problems = [p for p in layout.check(inp.spec, inp.hw) if p.kind == "recipe"]
     problems.sort(key=lambda p: _kind(p.message) != "topology")
     if problems:
         return str(problems[0])
     per_minibatch = inp.work.samples // inp.work.minibatches
-    if per_minibatch < layout.dp * inp.work.micro_batch_size:
-        return f"DP{layout.dp} exceeds the {per_minibatch} sequences of a minibatch (idle ranks)"
+    mbs = inp.work.micro_batch_size
+    if per_minibatch < layout.dp * mbs:
+        return (
+            f"DP{layout.dp} x micro batch {mbs} needs {layout.dp * mbs:,} sequences per minibatch, which has "
+            f"{per_minibatch:,} (idle ranks)"
+        )
     return None
 
 
@@ -56,6 +62,7 @@ def candidates(inp: PlanInputs, total_gpus: int) -> list[ParallelLayout]:
     """Every colocated layout and every separated split (sync) of `total_gpus` GPUs (and, for a
     mixture of experts, every expert-parallel size of each)."""
     out = []
+    sp = not inp.hw.is_cpu
     for tp in TP_OPTIONS:
         for pp in PP_OPTIONS:
             unit = tp * pp
@@ -70,6 +77,7 @@ def candidates(inp: PlanInputs, total_gpus: int) -> list[ParallelLayout]:
                             ep=ep,
                             engine_tp=etp,
                             engine_count=total_gpus // etp,
+                            sequence_parallel=sp,
                             **CANDIDATE,
                         )
                         for ep in ep_options(inp, tp, dp)
@@ -88,11 +96,52 @@ def candidates(inp: PlanInputs, total_gpus: int) -> list[ParallelLayout]:
                             engine_tp=etp,
                             engine_count=engine_gpus // etp,
                             placement="separated",
+                            sequence_parallel=sp,
                             **CANDIDATE,
                         )
                         for ep in ep_options(inp, tp, dp)
                     ]
     return out
+
+
+def _as_recipe(inp: PlanInputs, layout: ParallelLayout, option: ParallelLayout) -> ParallelLayout:
+    """`option` with the cheapest recompute that fits, unless it is the recipe's own layout (at either
+    synchrony): that row is the recipe's step, at its own recompute, as the header and the cycle above
+    it state (the search ranks the lighter recompute as another layout)."""
+    if option.with_(recompute=layout.recompute, synchrony=layout.synchrony) == layout:
+        return option.with_(recompute=layout.recompute)
+    return lightest_fitting(inp, option)
+
+
+def _split(inp: PlanInputs, layout: ParallelLayout, option: ParallelLayout) -> ParallelLayout | None:
+    """`option` as a row of the splits table: the largest expert-parallel size, up to the recipe's, that
+    the split's ranks can carve (its DP changed), when the search's own rules admit it; None when no
+    size does: a layout the search rejects is not offered as an alternative."""
+    for ep in sorted((e for e in range(1, layout.ep + 1) if layout.ep % e == 0), reverse=True):
+        trial = option.with_(ep=ep)
+        if structural_reason(inp, trial) is None:
+            return _as_recipe(inp, layout, trial)
+    return None
+
+
+def compare_splits(inp: PlanInputs, layout: ParallelLayout) -> list[Cycle]:
+    """Colocated vs separated (sync and async) on all the cluster's GPUs, with this layout's TP/PP/engine TP."""
+    total = inp.hw.gpus
+    unit = layout.tp * layout.pp * layout.cp
+    options = []
+    if total % unit == 0 and total % layout.engine_tp == 0:
+        colo = layout.with_(placement="colocated", synchrony="sync", dp=total // unit)
+        options.append(colo.with_(engine_count=total // layout.engine_tp))
+    for engine_gpus in split_options(total, inp.hw.gpus_per_node):
+        trainer_gpus = total - engine_gpus
+        if trainer_gpus % unit or engine_gpus % layout.engine_tp:
+            continue
+        sep = layout.with_(
+            placement="separated", dp=trainer_gpus // unit, engine_count=engine_gpus // layout.engine_tp
+        )
+        options += [sep.with_(synchrony="sync"), sep.with_(synchrony="async")]
+    rows = [_split(inp, layout, option) for option in options]
+    return [cycle(inp, row) for row in rows if row is not None]
 
 
 def _kind(reason: str) -> str:

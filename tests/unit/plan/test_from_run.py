@@ -45,7 +45,7 @@ def test_the_runs_own_recipe_is_planned(tmp_path, capsys):
 def test_measured_next_to_predicted(tmp_path, capsys):
     rc, out, _ = _plan(capsys, "--no-search", "--from-steps", str(_run_dir(tmp_path)))
     assert rc == 0
-    table = out[out.index("Calibration from 1 measured steps") :].splitlines()
+    table = out[out.index("Calibration from 1 measured step ") :].splitlines()
     assert table[1].split() == ["phase", "measured", "predicted", "calibration"]
     assert table[2].split()[:2] == ["generation", "2.00"]
 

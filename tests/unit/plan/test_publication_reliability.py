@@ -69,7 +69,7 @@ def test_separated_pools_move_a_full_copy_per_engine_node(ref):
     p = publication(inp, lay)
     cuts = {c["cut"]: c for c in p["cuts"]}
     assert cuts["IB into one node"]["bytes"] == pytest.approx(W)
-    assert cuts["trainer -> engine pools (1 node links)"]["floor_s"] == pytest.approx(W / NODE_IB)
+    assert cuts["trainer -> engine pools (1 node link)"]["floor_s"] == pytest.approx(W / NODE_IB)
     assert cuts["NVLink into one engine GPU"]["bytes"] == pytest.approx(W / 4)
     assert p["floor_s"] == pytest.approx(W / NODE_IB)
 

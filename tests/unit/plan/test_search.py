@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from megatron_rl.config.load import load_recipe
 from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.inputs import inputs_from_run
 from megatron_rl.plan.memory import memory_fit
@@ -62,7 +63,14 @@ def test_structural_reasons(ref):
     # 4,096 samples / 4 minibatches = 1,024 sequences: DP 2,048 would leave ranks idle
     big = dataclasses.replace(inp, hw=dataclasses.replace(inp.hw, nodes=256))  # 2,048 GPUs
     idle = base.with_(tp=1, pp=1, dp=2048, engine_count=512)
-    assert "exceeds the 1024 sequences" in structural_reason(big, idle)
+    assert f"DP2048 x micro batch {inp.work.micro_batch_size} needs" in structural_reason(big, idle)
+    assert "sequences per minibatch, which has 1,024 (idle ranks)" in structural_reason(big, idle)
+    # The micro batch counts: 16 sequences of a minibatch at micro batch 16 leave a second DP rank idle.
+    tiny = inputs_from_run(resolve(load_recipe("grpo_tiny_cpu_separated", [])))
+    colocated = ParallelLayout(dp=2, engine_count=2, recompute="none")
+    assert structural_reason(tiny, colocated) == (
+        "DP2 x micro batch 16 needs 32 sequences per minibatch, which has 16 (idle ranks)"
+    )
     odd = dataclasses.replace(
         inp, spec=dataclasses.replace(inp.spec, num_attention_heads=28, num_query_groups=4)
     )
