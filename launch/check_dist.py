@@ -92,6 +92,7 @@ def main(argv: list[str]) -> int:
         "omp_threads": os.environ.get("OMP_NUM_THREADS"),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "slurm_job_name": os.environ.get("SLURM_JOB_NAME"),
+        "run_name": os.environ.get("MEGATRON_RL_RUN_NAME"),  # the run the job continues, when named
         "all_reduce_ok": bool((slots_W == 1).all()),
     }
     if wait_s > 0:

@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics = step_metrics(samples, stats, agreement, train_metrics, publication, log, run.spec)
         extra = {"sampling_rounds": rounds, "old_logprobs": source, "version_lag": lag}
         extra["rollout_wait_s"] = feed.take_wait()  # separated: the trainer idle, waiting on the engines
-        log.record(step + 1, {**metrics, **extra})
+        log.record(step + 1, {**metrics, **extra}, samples, task)  # and a few samples to read (samples.jsonl)
         preempted = preemption.requested()
         checkpointer.poll()
         if halt:  # nothing is saved from a step whose samples disagreed; the last checkpoint stays the newest
@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             break
         if components.save_due(save_every, cfg.steps, step + 1, preempted):
             position = feed.task_state(step + 1), step + 1, feed.carry_state(step + 1)
-            checkpointer.save(step + 1, policy, reference, components.run_state(run, *position))
+            state = components.run_state(run, *position, log.identity())  # identity: its name and W&B run
+            checkpointer.save(step + 1, policy, reference, state)
         if preempted:
             feed.stop(step)
             break

@@ -84,7 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     # Every rank must agree on the run directory (log.txt lives there): fix the name once, here.
     from megatron_rl.loop.record.names import run_name
 
-    env["MEGATRON_RL_RUN_NAME"] = run_name(recipe, env)
+    try:
+        env["MEGATRON_RL_RUN_NAME"] = run_name(recipe, env)
+    except ValueError as e:  # a name that cannot be one folder: said before any rank starts
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     # launch_torchrun shows the failed rank's last lines from here (errors from C code or a rank killed
     # by a signal never pass through our handlers).
     env[LOG_ENV] = str(Path(recipe.logger.run_dir) / env["MEGATRON_RL_RUN_NAME"] / "log.txt")

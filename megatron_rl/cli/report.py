@@ -7,7 +7,10 @@ import json
 import logging
 import math
 import sys
+from pathlib import Path
 
+from megatron_rl.config.schema import LoggerConfig
+from megatron_rl.loop.record.signal import longest_flat_stretch
 from megatron_rl.telemetry.report import ReportError, load_records, render, render_compare, summarize
 
 
@@ -35,6 +38,27 @@ def _clean(x):
     return x
 
 
+def _run_dir(run: str) -> Path:
+    path = Path(run)
+    return path if path.is_dir() else path.parent
+
+
+def no_signal_steps(run: str) -> int:
+    """The run's own `logger.no_signal_steps` (from the recipe.json beside its steps.jsonl), else the default."""
+    try:
+        return int(json.loads((_run_dir(run) / "recipe.json").read_text())["logger"]["no_signal_steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return LoggerConfig.no_signal_steps
+
+
+def learning_summary(run: str, records: list[dict]) -> dict:
+    """The report's summary with its verdict on the learning signal: the longest stretch of steps whose
+    every group got one reward, when it is at least the run's `logger.no_signal_steps` (loop/record/signal.py)."""
+    samples = _run_dir(run) / "samples.jsonl"
+    where = str(samples) if samples.is_file() else ""
+    return {**summarize(records), "no_signal": longest_flat_stretch(records, no_signal_steps(run), where)}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     # Our warnings (a truncated last line skipped) as one line each on stderr.
@@ -42,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         records = load_records(args.run)
         other = load_records(args.compare) if args.compare else None
-        summary = summarize(records)
+        summary = learning_summary(args.run, records)
         if args.trace:
             from megatron_rl.telemetry.trace import load_spans, write_trace
 
@@ -61,10 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         out = {"run": str(args.run), **summary}
         if other is not None:
-            out = {"A": out, "B": {"run": str(args.compare), **summarize(other)}}
+            out = {"A": out, "B": {"run": str(args.compare), **learning_summary(args.compare, other)}}
         print(json.dumps(_clean(out), indent=1))
     elif other is not None:
-        print(render_compare(summary, summarize(other), str(args.run), str(args.compare)), end="")
+        print(
+            render_compare(summary, learning_summary(args.compare, other), str(args.run), str(args.compare)),
+            end="",
+        )
     else:
         print(render(summary, str(args.run)), end="")
     written = [f"{what} written to {f}" for what, f in (("trace", args.trace), ("plot", args.plot)) if f]

@@ -25,6 +25,8 @@ from pathlib import Path
 from megatron_rl.check.recipe import blocking, check_recipe, notes
 from megatron_rl.config.load import REPO_ROOT, RecipeNotFound, load_recipe
 from megatron_rl.config.schema import RecipeConfig
+from megatron_rl.loop.record.names import ENV as NAME_ENV
+from megatron_rl.loop.record.names import checked_name
 
 SCRIPT = REPO_ROOT / "slurm" / "train.sbatch"
 
@@ -66,9 +68,12 @@ def sbatch_command(
     log_dir: str = "logs",
     extra: list[str] | None = None,
     cwd: Path | None = None,
+    run_name: str = "",
 ) -> list[str]:
     """The sbatch argv: the request as flags (they override the script's #SBATCH defaults), then the script
-    with the recipe and overrides, which the script hands to every rank."""
+    with the recipe and overrides, which the script hands to every rank. `run_name` (MEGATRON_RL_RUN_NAME)
+    is exported by name, so the printed command carries it and a site that exports nothing by default
+    still names the run: the job continues the run of that name (loop/record/names.py)."""
     cwd = Path.cwd() if cwd is None else cwd
     cmd = [
         "sbatch",
@@ -86,6 +91,8 @@ def sbatch_command(
     exports = []
     if req.container_image:
         exports.append(f"CONTAINER_IMAGE={req.container_image}")
+    if run_name:
+        exports.append(f"{NAME_ENV}={run_name}")
     if cwd.resolve() == REPO_ROOT:
         script = str(SCRIPT.relative_to(REPO_ROOT))
     else:  # the batch script finds the checkout from the submit directory unless told
@@ -156,8 +163,15 @@ def main(argv: list[str]) -> int:
     for line in notes(problems, "validate", blocked):
         print(line, file=sys.stderr)
 
-    cmd = sbatch_command(request_from_recipe(recipe), args.recipe, args.overrides, args.log_dir, args.sbatch)
+    try:  # honoured: the job continues the run of that name (its checkpoints, its W&B run)
+        name = checked_name(os.environ[NAME_ENV]) if os.environ.get(NAME_ENV) else ""
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    request = request_from_recipe(recipe)
+    cmd = sbatch_command(request, args.recipe, args.overrides, args.log_dir, args.sbatch, run_name=name)
     print(shlex.join(cmd), flush=True)
+    print(name_note(recipe, name), file=sys.stderr)
     if args.dry_run:
         return 0
     if shutil.which("sbatch") is None:
@@ -176,5 +190,24 @@ def main(argv: list[str]) -> int:
         print(f"error: cannot read the job id from sbatch's output: {done.stdout.strip()!r}", file=sys.stderr)
         return 1
     job = m.group(1)
-    print(f"submitted job {job}; log {args.log_dir}/{recipe.name}-{job}.log", flush=True)
+    print(
+        f"submitted job {job}; log {args.log_dir}/{recipe.name}-{job}.log; run {name or f'{recipe.name}-{job}'}",
+        flush=True,
+    )
     return 0
+
+
+def name_note(recipe: RecipeConfig, name: str) -> str:
+    """One line on what the job's run will be: the named run continued, or a run of its own."""
+    ckpt = Path(recipe.checkpoint.dir)
+    resume = recipe.checkpoint.resume
+    if name and resume == "auto":
+        return (
+            f"run {name} ({NAME_ENV}): continues from its newest checkpoint in {ckpt / name}/ when it has one"
+        )
+    if name:
+        return f"run {name} ({NAME_ENV}), checkpoint.resume={resume}"
+    return (
+        f"run {recipe.name}-<job id>: a run of its own; {NAME_ENV}={recipe.name} makes it continue the local "
+        "run of this recipe"
+    )

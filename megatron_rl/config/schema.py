@@ -263,6 +263,11 @@ class LoggerConfig:
     group: str = ""  # defaults to the recipe name
     run_dir: str = "outputs"
     progress: bool = True
+    # Steps in a row whose every group got one reward (nothing to learn from) before the run says so, once,
+    # naming the likely cause (loop/record/signal.py); 0: never.
+    no_signal_steps: int = 3
+    # Completions kept per step, with prompt, reward and status, in <run dir>/samples.jsonl and a W&B table.
+    samples_per_step: int = 4
 
 
 @dataclass

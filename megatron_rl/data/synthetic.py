@@ -139,6 +139,12 @@ class ArithmeticTask:
         self.rng.setstate((v[0], tuple(v[1]), v[2]))
         self.drawn = state["drawn"]
 
+    def text(self, ids: list[int]) -> str:
+        """Token ids as a person reads them, the specials by name ("<bos>12=", "3+9<eos>"): a prompt or a
+        completion as the model saw or wrote it (the run's samples.jsonl)."""
+        vocab = self.tok.vocab
+        return "".join(vocab[i] if 0 <= i < len(vocab) else "?" for i in ids)
+
     def program(self, completion_ids: list[int]) -> str:
         """The untrusted program a completion becomes."""
         return f"ans = {self.tok.decode(completion_ids)}\n"

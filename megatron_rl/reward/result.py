@@ -25,6 +25,22 @@ SANDBOX_ERROR = "sandbox_error"  # our side failed (sandbox died, malformed prob
 
 STATUSES = (PASSED, FAILED, TIMEOUT, CRASHED, MEMORY, SYNTAX_ERROR, NO_CODE, SANDBOX_ERROR)
 
+# What it most likely means when (nearly) every sample of a run ends with one status: the cause a run
+# that cannot learn names (loop/record/signal.py). Each says what the samples did, then where to look.
+LIKELY_CAUSE = {
+    PASSED: "every completion passes its tests: the problems are too easy to learn from",
+    FAILED: "the programs run and fail their tests: the problems are too hard for this model, or the "
+    "tests are wrong (megatron-rl score a known-good solution)",
+    TIMEOUT: "the programs run past their time limit (reward.timeout_s): an endless loop, a slow "
+    "solution, or a limit too short for the tests",
+    CRASHED: "the programs crash or raise before their tests finish",
+    MEMORY: "the programs run out of memory (reward.memory_mb)",
+    SYNTAX_ERROR: "the code taken from the completions does not compile",
+    NO_CODE: "the completions hold no code block (ask for one with data.system_prompt, or start from a "
+    "model that writes code)",
+    SANDBOX_ERROR: "the sandbox itself fails, not the samples (log.txt says why)",
+}
+
 
 @dataclass
 class RewardResult:

@@ -14,6 +14,12 @@ Idle time, per step:
                       before the version serves (loop/placement/probe.py; "publication guard" sums it up)
 MFU counts the trainer's model FLOPs (forward, backward and log-prob passes) over the whole step,
 against `cluster.peak_tflops_bf16` per device from the recipe.
+
+Whether the run learns: the reward, the gradient norm and the share of "flat" groups (every sample of a
+prompt got the same reward: its group-relative advantages are 0 and it teaches nothing) over the first
+and the last window of steps, and what the samples' rewards came back as (`reward.statuses`: passed,
+failed, no_code, timeout, ...) as shares of the samples of each window. The same reward and status lines
+close a run's console (loop/record/records.py).
 """
 
 from __future__ import annotations
@@ -91,10 +97,29 @@ def _stop_fraction(rec: dict) -> float | None:
 
 TRENDS = {
     "reward": lambda r: _get(r, "reward", "mean"),
+    "grad norm": lambda r: _get(r, "train", "grad_norm"),
+    "flat groups": lambda r: _get(r, "reward", "flat_group_fraction"),
     "KL": lambda r: _get(r, "train", "kl"),
     "log-prob agreement |d|": lambda r: _get(r, "logprob_agreement", "mean_abs_diff"),
     "stop fraction": _stop_fraction,
 }
+
+
+def status_shares(records: list[dict]) -> dict[str, float]:
+    """Each reward status's share of the samples of `records` (their `reward.statuses` counts), the
+    most frequent first; {} when the records hold no statuses."""
+    counts: dict[str, int] = {}
+    for r in records:
+        for status, n in (_get(r, "reward", "statuses", default=None) or {}).items():
+            counts[status] = counts.get(status, 0) + int(n)
+    total = sum(counts.values())
+    if total <= 0:
+        return {}
+    return {k: v / total for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))}
+
+
+def _steps_of(records: list[dict]) -> list[int]:
+    return [records[0]["step"], records[-1]["step"]]
 
 
 def summarize(records: list[dict]) -> dict:
@@ -153,6 +178,7 @@ def summarize(records: list[dict]) -> dict:
             "window": w,
             "series": series,
         }
+    first_w, last_w = records[:w], records[-w:]
     return {
         "steps": n,
         "first_step": first["step"],
@@ -173,6 +199,13 @@ def summarize(records: list[dict]) -> dict:
             "peak_flops_per_device": peak,
         },
         "trends": trends,
+        # The windows the trends compare, as step numbers [first, last] (a resumed console: not from 1)
+        "windows": {"size": w, "first": _steps_of(first_w), "last": _steps_of(last_w)},
+        "statuses": {
+            "first": status_shares(first_w),
+            "last": status_shares(last_w),
+            "run": status_shares(records),
+        },
     }
 
 
@@ -194,15 +227,63 @@ def _table(rows: list[tuple]) -> list[str]:
     return out
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def _steps(a: int, b: int) -> str:
+    return f"step {a}" if a == b else f"steps {a}-{b}"
+
+
 def _span(s: dict) -> str:
     if s["steps"] == 1:
         return f"step {s['first_step']} only"
-    return f"steps {s['first_step'] + 1}-{s['last_step']}; step {s['first_step']} (warm-up) apart"
+    return f"{_steps(s['first_step'] + 1, s['last_step'])}; step {s['first_step']} (warm-up) apart"
+
+
+def percent(x: float) -> str:
+    """A share as a percentage a reader can tell from 0 and 100 (0.4%, 25%, 99.6%)."""
+    pct = 100 * x
+    return f"{pct:.0f}%" if pct in (0, 100) or 1 <= pct <= 99 else f"{pct:.1f}%"
+
+
+def learning_lines(s: dict) -> list[str]:
+    """Whether the run learns, in two lines: the reward of the first and the last window of steps, then
+    the statuses' shares and the gradient norm in the same windows (one window when the run has one step)."""
+    win, reward = s["windows"], s["trends"]["reward"]
+    first, last = reward["first"], reward["last"]
+    head = f"reward: {_f(first, '{:.4f}')} ({_steps(*win['first'])})"
+    if win["first"] != win["last"]:
+        # A ratio only means something from a non-zero start (x inf says nothing a user can use).
+        ratio = f", x{last / first:.2f}" if first and last is not None and first > 0 else ""
+        head += f" -> {_f(last, '{:.4f}')} ({_steps(*win['last'])}){ratio}"
+    statuses = status_line(s)
+    return [
+        head + f", over {_count(s['steps'], 'step')}",
+        *([statuses] if statuses else []),
+    ]
+
+
+def status_line(s: dict) -> str:
+    """The reward statuses' shares of the samples and the gradient norm, first window -> last ("" when
+    the records hold neither)."""
+    st, one = s["statuses"], s["windows"]["first"] == s["windows"]["last"]
+
+    def moved(first, last, fmt) -> str:
+        return fmt(first) if one else f"{fmt(first)} -> {fmt(last)}"
+
+    names = list(dict.fromkeys([*st["first"], *st["last"]]))
+    parts = [f"{k} {moved(st['first'].get(k, 0.0), st['last'].get(k, 0.0), percent)}" for k in names]
+    g = s["trends"]["grad norm"]
+    known = g["first"] is not None or g["last"] is not None
+    gnorm = [f"grad norm {moved(g['first'], g['last'], lambda x: _f(x, '{:.3g}'))}"] if known else []
+    said = ([f"statuses: {', '.join(parts)}"] if parts else []) + gnorm
+    return "; ".join(said)
 
 
 def phase_lines(s: dict) -> list[str]:
     """The per-phase table: seconds (mean, p50, max), the first step, share of a step, peak memory."""
-    rows = [("phase", "mean s", "p50 s", "max s", "step 1 s", "share", "peak GiB")]
+    rows = [("phase", "mean s", "p50 s", "max s", f"step {s['first_step']} s", "share", "peak GiB")]
     for name in PHASES:
         p = s["phases"][name]
         if not p["seconds"]["max"] and not p["first_step_s"]:
@@ -282,6 +363,13 @@ def phase_table(records: list[dict]) -> str:
     return "\n".join(phase_lines(summarize(records)))
 
 
+def closing_lines(records: list[dict]) -> str:
+    """The end of a run's console: reward, statuses and gradient norm (first window -> last), the
+    per-phase table and the idle line."""
+    s = summarize(records)
+    return "\n".join([*learning_lines(s), *phase_lines(s)])
+
+
 def render(s: dict, run: str) -> str:
     t = s["throughput"]
     mfu = (
@@ -289,16 +377,25 @@ def render(s: dict, run: str) -> str:
         if t["mfu"] is not None
         else "MFU unknown (no device peak in the records)"
     )
-    lines = [f"run {run}: {s['steps']} steps, {s['ranks']} ranks", *phase_lines(s), ""]
+    lines = [f"run {run}: {_count(s['steps'], 'step')}, {_count(s['ranks'], 'rank')}", *phase_lines(s), ""]
     lines.append(
         f"throughput: generated {_f(t['generated_tokens_per_s'], '{:,.0f}')} tok/s while generating, "
         f"trained {_f(t['trained_tokens_per_s'], '{:,.0f}')} tok/s while training, "
         f"{_f(t['end_to_end_tokens_per_s'], '{:,.0f}')} tok/s end to end; {mfu}"
     )
-    w = next(iter(s["trends"].values()))["window"]
-    lines.append(f"trends (mean of the first {w} steps -> the last {w}):")
-    for label, tr in s["trends"].items():
-        lines.append(f"  {label:<24} {_f(tr['first'], '{:.4g}')} -> {_f(tr['last'], '{:.4g}')}")
+    win = s["windows"]
+    if win["first"] == win["last"]:  # one window (a one-step run): its values, not a value "->" itself
+        lines.append(f"trends ({_steps(*win['first'])} only):")
+        lines += [f"  {label:<24} {_f(tr['first'], '{:.4g}')}" for label, tr in s["trends"].items()]
+    else:
+        lines.append(f"trends (mean of {_steps(*win['first'])} -> {_steps(*win['last'])}):")
+        for label, tr in s["trends"].items():
+            lines.append(f"  {label:<24} {_f(tr['first'], '{:.4g}')} -> {_f(tr['last'], '{:.4g}')}")
+    statuses = status_line(s)
+    if statuses:  # older records hold neither statuses nor a gradient norm
+        lines.append(statuses)
+    if s.get("no_signal"):  # the caller's diagnosis (cli/report.py: loop/record/signal.py)
+        lines.append(s["no_signal"]["line"])
     return "\n".join(lines) + "\n"
 
 

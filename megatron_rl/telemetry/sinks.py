@@ -1,7 +1,12 @@
 """Where step records go: a JSONL file, Weights & Biases and a progress bar (pictures: plots.py).
 
 Only rank 0 writes (the records already hold the max over ranks). W&B runs offline when no API key
-is configured, respects WANDB_MODE (offline / disabled / online), and groups runs by recipe name.
+is configured, respects WANDB_MODE (offline / disabled / online), and groups runs by recipe name. A run
+resumed from a checkpoint continues the W&B run it started (the id its checkpoint keeps), so a run is one
+W&B run however often it is requeued; offline, each start writes a folder of that id under
+`<run dir>/wandb/`, and `wandb sync <run dir>/wandb` uploads them in order into that one run. In W&B the
+reward statuses are shares of the step's samples, every status each step (0 when absent), so a chart of
+one does not break off; steps.jsonl keeps the counts.
 """
 
 from __future__ import annotations
@@ -42,15 +47,29 @@ def flatten(record: dict, prefix: str = "") -> dict[str, float]:
 
 
 class WandbSink:
-    """W&B logging; offline without an API key, nothing at all with WANDB_MODE=disabled."""
+    """W&B logging; offline without an API key, nothing at all with WANDB_MODE=disabled.
 
-    def __init__(self, project: str, group: str, name: str, run_dir: Path, config: dict):
+    `run_id`: the W&B run to continue (a resumed run's, from its checkpoint), else a new one.
+    `statuses`: every reward status, logged as shares of each step's samples."""
+
+    def __init__(
+        self,
+        project: str,
+        group: str,
+        name: str,
+        run_dir: Path,
+        config: dict,
+        run_id: str | None = None,
+        statuses: tuple[str, ...] = (),
+    ):
         import wandb
 
         mode = os.environ.get("WANDB_MODE")
+        self.why = f"WANDB_MODE={mode}"
         if mode is None:
             has_key = bool(os.environ.get("WANDB_API_KEY")) or (Path.home() / ".netrc").exists()
             mode = "online" if has_key else "offline"
+            self.why = "no API key here: `wandb login` or WANDB_API_KEY"
         self.run = wandb.init(
             project=project,
             group=group,
@@ -59,11 +78,29 @@ class WandbSink:
             mode=mode,
             config=config,
             reinit="finish_previous",
+            id=run_id,
+            resume="allow" if run_id else None,
         )
-        self.mode = mode
+        self.mode, self.statuses = mode, tuple(statuses)
+        self.id = self.run.id
+        self.sync_command = f"wandb sync {run_dir / 'wandb'}"
 
-    def write(self, record: dict) -> None:
-        self.run.log(flatten({k: v for k, v in record.items() if k != "step"}), step=record["step"])
+    def write(self, record: dict, samples: list[dict] | None = None) -> None:
+        """The step's record, flat, and the step's kept samples as a table (`samples`, W&B's media panel)."""
+        import wandb
+
+        flat = flatten({k: v for k, v in record.items() if k != "step"})
+        counts = (record.get("reward") or {}).get("statuses")
+        if isinstance(counts, dict) and self.statuses:
+            total = sum(counts.values()) or 1
+            flat = {k: v for k, v in flat.items() if not k.startswith("reward/statuses/")}
+            flat.update({f"reward/statuses/{s}": counts.get(s, 0) / total for s in self.statuses})
+        if samples:
+            columns = list(samples[0])
+            flat["samples"] = wandb.Table(
+                columns=columns, data=[[row.get(c) for c in columns] for row in samples]
+            )
+        self.run.log(flat, step=record["step"])
 
     def figure(self, name: str, png: Path) -> None:
         """A picture of the run (the timeline) as a W&B media panel, next to the metrics."""
@@ -76,9 +113,9 @@ class WandbSink:
 
 
 class Progress:
-    """A tqdm bar over steps showing reward, the share of completions that ended at a stop id (0 with
-    every completion at the length cap: the engine does not know the model's end ids) and the phase
-    now running."""
+    """A tqdm bar over steps showing reward, the gradient norm, the share of completions that ended at a
+    stop id (0 with every completion at the length cap: the engine does not know the model's end ids),
+    the two most frequent reward statuses (no_code=100%: nothing to run) and the phase now running."""
 
     def __init__(self, total: int, enabled: bool = True, initial: int = 0, file: TextIO | None = None):
         from tqdm import tqdm
@@ -97,9 +134,18 @@ class Progress:
         self.bar.set_postfix_str(f"phase={name}", refresh=True)
 
     def step(self, record: dict) -> None:
+        from megatron_rl.telemetry.report import percent, status_shares
+
         r = record.get("reward", {}).get("mean", float("nan"))
+        parts = [f"grpo reward={r:.3f}"]
+        grad = (record.get("train") or {}).get("grad_norm")
+        if grad is not None:
+            parts.append(f"gnorm={grad:.3g}")
         stop = record.get("stop_fraction")
-        self.bar.set_description(f"grpo reward={r:.3f}" + (f" stop={stop:.2f}" if stop is not None else ""))
+        if stop is not None:
+            parts.append(f"stop={stop:.2f}")
+        parts += [f"{k}={percent(v)}" for k, v in list(status_shares([record]).items())[:2]]
+        self.bar.set_description(" ".join(parts))
         self.bar.update(1)
 
     def close(self) -> None:

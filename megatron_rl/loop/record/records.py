@@ -1,8 +1,12 @@
 """The run's records: its directory, the console, phase timing, step records and their sinks.
 
-Rank 0 owns the sinks (JSONL, W&B, progress bar, timeline plot); every rank times its phases and joins the
-MAX reduction per step. Apart from the process groups (processes.py): a collector needs the timer, the
-time-sharing its memory notes, and neither needs a process group.
+Rank 0 owns the sinks (JSONL, W&B, progress bar, timeline plot, the kept samples); every rank times its
+phases and joins the MAX reduction per step. Apart from the process groups (processes.py): a collector
+needs the timer, the time-sharing its memory notes, and neither needs a process group.
+
+W&B opens with the progress bar, once the run knows whether it resumed: a run resumed from its own
+checkpoint continues the W&B run the checkpoint names (`identity`, kept in its run_state.json), one
+started afresh, or from another run's checkpoint, opens a new one.
 """
 
 from __future__ import annotations
@@ -10,14 +14,19 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict
 from pathlib import Path
 
-from megatron_rl.loop.record.summary import reward_stats
+from megatron_rl.loop.record.signal import SignalWatch
+from megatron_rl.loop.record.summary import kept_samples
+from megatron_rl.reward.result import STATUSES
 from megatron_rl.telemetry.console import Console
 from megatron_rl.telemetry.phases import PHASES, PhaseTimer, gather_spans, reduce_over_ranks
 from megatron_rl.telemetry.sinks import JsonlWriter, Progress, WandbSink
+
+log = logging.getLogger(__name__)
 
 
 class RunLog:
@@ -36,7 +45,9 @@ class RunLog:
         self.switch_memory: dict[str, dict[str, float]] = {}
         self.switch_times: dict[str, float] = {}
         self._last_record: float | None = None
-        self.jsonl = self.spans = self.wandb = self.progress = None
+        self.jsonl = self.spans = self.samples = self.wandb = self.progress = None
+        self.wandb_id: str | None = None  # the W&B run a resumed checkpoint names, then this run's
+        self.watch = SignalWatch(recipe.logger.no_signal_steps, str(run_dir / "samples.jsonl"))
         # The console's copy into log.txt adds the rank to every line.
         logging.basicConfig(
             level=logging.INFO if is_main else logging.WARNING,
@@ -48,9 +59,7 @@ class RunLog:
             self.jsonl = JsonlWriter(self.dir / "steps.jsonl")
             # Every rank's phase spans (for `report --trace`) apart: a line per step grows with the ranks.
             self.spans = JsonlWriter(self.dir / "spans.jsonl")
-            if recipe.logger.wandb:
-                group = recipe.logger.group or recipe.name
-                self.wandb = WandbSink(recipe.logger.project, group, self.name, self.dir, asdict(recipe))
+            self.samples = JsonlWriter(self.dir / "samples.jsonl")  # a few completions per step, to read
 
     def note_memory(self, switch: str, snapshot: dict[str, float]) -> None:
         """Memory and time at each time-sharing switch (trainer offloaded, engine asleep, ...).
@@ -65,19 +74,52 @@ class RunLog:
         if self.is_main:
             self.console.say(text)
 
+    def identity(self) -> dict:
+        """What a checkpoint keeps of the run's records: its name and its W&B run, which a resume continues."""
+        return {"name": self.name, "wandb_id": self.wandb.id if self.wandb else self.wandb_id}
+
+    def resumed(self, saved: dict | None) -> None:
+        """The `identity` a resumed checkpoint kept: its W&B run is continued when the checkpoint is this
+        run's own (same name); another run's checkpoint (checkpoint.resume=PATH) starts a W&B run of its own."""
+        if saved and saved.get("name") == self.name:
+            self.wandb_id = saved.get("wandb_id")
+
     def start_progress(self, first_step: int) -> None:
+        """The progress bar and W&B, from `first_step` (0, or the step a checkpoint resumed at)."""
         self._last_record = time.perf_counter()
+        if self.is_main and self.recipe.logger.wandb:
+            self._open_wandb(continued=first_step > 0)
         if self.is_main:
             self.progress = Progress(
                 self.recipe.steps, self.recipe.logger.progress, initial=first_step, file=self.console.terminal
             )
             self.timer.on_enter = self.progress.phase  # also the phases timed inside components
 
+    def _open_wandb(self, continued: bool) -> None:
+        lg = self.recipe.logger
+        run_id = self.wandb_id if continued else None
+        self.wandb = WandbSink(
+            lg.project,
+            lg.group or self.recipe.name,
+            self.name,
+            self.dir,
+            asdict(self.recipe),
+            run_id,
+            STATUSES,
+        )
+        w = self.wandb
+        which = f"continues run {run_id}" if run_id else f"run {w.id}"
+        if w.mode == "offline":
+            self.say(f"W&B {which}, offline ({w.why}); upload it later with: {w.sync_command}")
+        elif w.mode == "online":
+            self.say(f"W&B {which}: {w.run.url}")
+
     def phase(self, name: str) -> AbstractContextManager:
         return self.timer.phase(name)
 
-    def record(self, step: int, metrics: dict) -> dict:
-        """Reduce this step's phase stats over ranks (MAX) and write the record (rank 0). Collective."""
+    def record(self, step: int, metrics: dict, samples: Sequence = (), task=None) -> dict:
+        """Reduce this step's phase stats over ranks (MAX) and write the record (rank 0), with a few of the
+        step's `samples` decoded by `task` (logger.samples_per_step) to samples.jsonl and W&B. Collective."""
         phases = reduce_over_ranks(self.timer.take(), PHASES, group=self.cpu_group)
         spans = gather_spans(self.timer.take_spans(), cpu_group=self.cpu_group)
         record = {"step": step, "phases": phases, **metrics, "timeshare_memory": self.switch_memory}
@@ -94,10 +136,18 @@ class RunLog:
             self.records.append(record)
             self.jsonl.write(record)
             self.spans.write({"step": step, "spans_by_rank": spans})
+            kept = (
+                kept_samples(step, list(samples), task, self.recipe.logger.samples_per_step) if task else []
+            )
+            for row in kept:
+                self.samples.write(row)
             if self.wandb:
-                self.wandb.write(record)
+                self.wandb.write(record, kept)
             if self.progress:
                 self.progress.step(record)
+            said = self.watch.see(record)
+            if said:
+                log.warning(said)
         return record
 
     def finish(self) -> None:
@@ -108,18 +158,20 @@ class RunLog:
                 self.timer.on_enter = None
             if self.records:
                 from megatron_rl.telemetry.plots import plot_timeline
-                from megatron_rl.telemetry.report import phase_table
+                from megatron_rl.telemetry.report import closing_lines
 
                 png = plot_timeline(self.records, self.dir / "timeline.png")
                 if self.wandb:
                     self.wandb.figure("timeline", png)
-                self.say(reward_stats(self.records))
-                self.say(phase_table(self.records))
+                self.say(closing_lines(self.records))
                 self.say(f"outputs in {self.dir}/; the full report: megatron-rl report {self.dir}")
             if self.wandb:
                 self.wandb.close()
+                if self.wandb.mode == "offline":
+                    self.say(f"W&B ran offline; upload it with: {self.wandb.sync_command}")
             self.jsonl.close()
             self.spans.close()
+            self.samples.close()
 
 
 # Pairs of switch points (from, to) noted by the time-sharing; their gaps are the switch itself.

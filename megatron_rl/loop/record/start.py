@@ -36,12 +36,16 @@ def header(run, run_dir: Path) -> str:
     procs = lay.gpus
     return "\n".join(
         [
-            f"megatron-rl train {recipe.name}: {recipe.steps} steps of {recipe.data.prompts_per_step} prompts "
+            f"megatron-rl train {recipe.name}: {recipe.steps} step{'s' if recipe.steps != 1 else ''} of "
+            f"{recipe.data.prompts_per_step} prompts "
             f"x {ro.samples_per_prompt} samples",
             f"  layout   trainer TP{lay.tp} x PP{lay.pp} x DP{lay.dp} on {procs} processes "
             f"(cluster {recipe.cluster.name}); "
             f"engines {lay.engine_count} x TP{lay.engine_tp}, {lay.placement}",
-            f"  outputs  {run_dir}/ (log.txt: every rank's full output; steps.jsonl; spans.jsonl; timeline.png)",
+            f"  outputs  {run_dir}/ (log.txt: every rank's full output; steps.jsonl; samples.jsonl; spans.jsonl; "
+            "timeline.png)",
+            f"  run      {run_dir.name}: checkpoints in {Path(recipe.checkpoint.dir) / run_dir.name}/"
+            + ("; a run of the same name resumes from them" if recipe.checkpoint.resume == "auto" else ""),
             "  starting trainer, reference, engines and reward pool (details in log.txt) ...",
         ]
     )

@@ -1,8 +1,10 @@
-"""Step metrics from the pieces of a step, and the end-of-run reward summary.
+"""Step metrics from the pieces of a step, and the few completions a step keeps to be read.
 
 Besides rewards, tokens and throughput, a step records what `megatron-rl report` needs to say where the
 devices sat idle (`generation.tail_s`: the batch waiting on its longest completion), how completions
-ended (`completion_stats`: lengths and `stop_fraction`), and the trainer's model FLOPs (for MFU).
+ended (`completion_stats`: lengths and `stop_fraction`), the trainer's model FLOPs (for MFU), and whether
+it can learn at all: what the rewards came back as (`reward.statuses`) and the share of groups whose
+samples all got one reward (`reward.flat_group_fraction`: their advantages are 0; loop/record/signal.py).
 """
 
 from __future__ import annotations
@@ -64,6 +66,42 @@ def sample_digest(samples: list[Sample]) -> str:
     return h.hexdigest()
 
 
+def flat_group_fraction(samples: list[Sample]) -> float:
+    """The share of the step's groups (a prompt's samples) whose samples all got the same reward: their
+    group-relative advantages are 0, so they teach the policy nothing (1.0: the whole step teaches nothing)."""
+    groups: dict[int, list[float]] = {}
+    for s in samples:
+        groups.setdefault(s.prompt_index, []).append(s.reward)
+    if not groups:
+        return 0.0
+    return sum(max(r) - min(r) <= 1e-9 for r in groups.values()) / len(groups)
+
+
+def kept_samples(step: int, samples: list[Sample], task, count: int) -> list[dict]:
+    """`count` of the step's samples, spread over its groups (prompt-major order: one prompt each while
+    there are prompts enough), as a person reads them: prompt and completion decoded by the task's
+    tokenizer (`task.text`), with their reward and status. `logger.samples_per_step`; 0: none."""
+    if count <= 0 or not samples:
+        return []
+    k = min(count, len(samples))
+    picks = [i * len(samples) // k for i in range(k)]
+    return [
+        {
+            "step": step,
+            "prompt_index": s.prompt_index,
+            "sample_index": s.sample_index,
+            "reward": s.reward,
+            "status": s.status,
+            "finish_reason": s.finish_reason,
+            "completion_tokens": len(s.token_ids),
+            "version": s.version,
+            "prompt": task.text(s.prompt_ids),
+            "completion": task.text(s.token_ids),
+        }
+        for s in (samples[i] for i in picks)
+    ]
+
+
 def completion_stats(samples: list[Sample]) -> dict:
     """Completion lengths and how completions ended: `stop_fraction` is the share that ended at a stop
     id (finish reason "stop"); the rest hit the length cap. A stop fraction near 0 with the mean near
@@ -105,6 +143,7 @@ def step_metrics(
             "min": min(rewards),
             "max": max(rewards),
             "statuses": dict(Counter(s.status for s in samples)),
+            "flat_group_fraction": flat_group_fraction(samples),
         },
         "tokens": {
             "generated": gen_tokens,
@@ -170,15 +209,3 @@ def step_metrics(
             "probe": publication.probe,
         },
     }
-
-
-def reward_stats(records: list[dict], window: int = 10) -> str:
-    """The closing lines of a run: mean reward of the first and last `window` steps, and the ratio."""
-    rewards = [r["reward"]["mean"] for r in records]
-    if not rewards:
-        return "no steps were run"
-    w = min(window, max(len(rewards) // 2, 1))
-    first, last = _mean(rewards[:w]), _mean(rewards[-w:])
-    # A ratio only means something from a non-zero start (x inf says nothing a user can use).
-    ratio = f" (x{last / first:.2f})" if first > 0 else ""
-    return f"reward: first-{w} mean {first:.4f}, last-{w} mean {last:.4f}{ratio} over {len(rewards)} steps"

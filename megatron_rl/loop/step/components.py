@@ -216,15 +216,24 @@ def resume(run: Run, procs: Processes, log_: RunLog, policy, reference, task) ->
     if box[0] is None:
         return 0, None
     state = load(Path(box[0]), procs.rank, policy, reference, task)
-    log_.say(f"resumed from {box[0]} at step {state['step']}")
+    log_.resumed(state.get("records"))  # its W&B run, continued when the checkpoint is this run's own
+    # A rerun under the same name lands here (checkpoint.resume=auto): say so, and how not to.
+    again = (
+        " (a run of the same name; another MEGATRON_RL_RUN_NAME starts afresh)" if c.resume == "auto" else ""
+    )
+    log_.say(f"resumed from {box[0]} at step {state['step']}{again}")
     return int(state["step"]), state.get("carry")
 
 
-def run_state(run: Run, task_state: dict, step: int, carry: list[dict] | None = None) -> dict:
+def run_state(
+    run: Run, task_state: dict, step: int, carry: list[dict] | None = None, records: dict | None = None
+) -> dict:
     """What a checkpoint after `step` steps keeps besides the weights. `task_state`: the task's position
     before the batch of `step` was drawn (loop/placement/feed.py: engines that run ahead have drawn
-    further); `carry`: the groups carried into that batch and their settings (rollout.partial)."""
+    further); `carry`: the groups carried into that batch and their settings (rollout.partial);
+    `records`: the run's name and W&B run (loop/record/records.py `identity`), which a resume continues."""
     return {
+        "records": records,
         "step": step,
         "version": step,  # samples of step s (0-based) are drawn with version s
         "task": task_state,

@@ -57,6 +57,11 @@ def runs(uninterrupted):
     return tmp, killed_after
 
 
+def _wandb_ids(tmp, name: str) -> set[str]:
+    """The W&B run ids of a run's offline folders (offline-run-<time>-<id>)."""
+    return {p.name.rsplit("-", 1)[1] for p in (tmp / "outputs" / name / "wandb").glob("offline-run-*")}
+
+
 def test_resumed_run_equals_uninterrupted_run(runs):
     tmp, killed_after = runs
     a = {r["step"]: r for r in records(tmp, "A")}
@@ -66,6 +71,10 @@ def test_resumed_run_equals_uninterrupted_run(runs):
     assert set(b) == set(a) == set(range(1, 2 * N + 1))
     log = (tmp / "B.log").read_text()
     assert "resumed from" in log, "run B did not resume from a checkpoint"
+    # One W&B run however often it starts: the killed start's folder and the resumed one's share its id.
+    [wandb_id] = _wandb_ids(tmp, "B")
+    assert len(list((tmp / "outputs" / "B" / "wandb").glob("offline-run-*"))) == 2
+    assert f"W&B continues run {wandb_id}, offline" in log
     for step in range(N + 1, 2 * N + 1):
         assert deterministic(b[step]) == deterministic(a[step]), f"step {step} differs after resume"
     print(f"killed after {killed_after} step records; steps {N + 1}..{2 * N} identical")
@@ -96,6 +105,8 @@ def test_save_at_tp2_resume_at_tp1_pp2(runs):
     )
     recs = records(tmp, "C")
     assert [r["step"] for r in recs] == [2 * N + 1], "C must resume at step 2N and run one step"
+    # Another run's checkpoint under a name of its own: a W&B run of its own, not A's continued.
+    assert len(_wandb_ids(tmp, "C")) == 1 and _wandb_ids(tmp, "C") != _wandb_ids(tmp, "A")
     assert recs[0]["logprob_agreement"]["max_abs_diff"] < 1e-3
     assert recs[0]["version"] == 2 * N + 1
 

@@ -62,11 +62,35 @@ def test_quiet_terminal_fits_the_line_budget_and_keeps_what_matters(runs):
     assert len(lines) <= BUDGET, "\n".join(lines)
     assert lines[0].startswith("megatron-rl train grpo_tiny_cpu"), lines[:3]
     assert any(str(_outputs(quiet)) in line for line in lines[:5]), lines[:5]
-    assert any(line.startswith("reward: first-") for line in lines)
+    assert any(line.startswith("reward: ") and line.endswith(", over 3 steps") for line in lines)
+    statuses = next(line for line in lines if line.startswith("statuses: "))
+    assert "grad norm " in statuses and "%" in statuses, statuses
     assert any(line.lstrip().startswith("generation") for line in lines), "no per-phase table"
-    assert "grpo reward=" in text, "the progress bar is gone"
+    assert "grpo reward=" in text and "gnorm=" in text, "the progress bar is gone"
+    # W&B offline (WANDB_MODE=offline): said at the start and at the end, with the command that uploads it
+    sync = f"wandb sync {_outputs(quiet) / 'wandb'}"
+    assert any(
+        line.startswith("W&B run ") and line.endswith(f"upload it later with: {sync}") for line in lines
+    )
+    assert lines[-1] == f"W&B ran offline; upload it with: {sync}"
     for noise in ("Transformer Engine", "DistributedDataParallelConfig", "non-default args", "Traceback"):
         assert noise not in text, noise
+
+
+def test_samples_to_read_in_samples_jsonl_and_a_wandb_table(runs):
+    """logger.samples_per_step (4) completions per step, decoded, with their reward and status."""
+    from megatron_rl.reward.result import STATUSES
+
+    run = _outputs(runs[0])
+    rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] * 4 + [2] * 4 + [3] * 4
+    assert [r["prompt_index"] for r in rows[:4]] == [0, 1, 2, 3], "one per group: 4 prompts x 4 samples"
+    for r in rows:
+        assert r["prompt"].startswith("<bos>") and r["prompt"].endswith("=") and r["status"] in STATUSES
+        assert 0.0 <= r["reward"] <= 1.0 and r["completion_tokens"] > 0 and r["completion"]
+    tables = list(run.rglob("samples_*.table.json"))
+    assert len(tables) == 3, "a W&B table per step"
+    assert json.loads(tables[0].read_text())["columns"][-2:] == ["prompt", "completion"]
 
 
 def test_log_txt_holds_every_rank_prefixed(runs):
@@ -98,7 +122,7 @@ def test_report_json_has_every_section(runs):
     assert gen["mem_gib"]["max"] > 0.1 and 0 < gen["share"] < 1
     # The first step (the engines' warm-up) is reported apart and left out of the steady statistics: the
     # figures are the records' own (a timing comparison between steps would be noise on 2 cores).
-    recs = [json.loads(x) for x in (runs / "outputs" / "quiet" / "steps.jsonl").read_text().splitlines() if x]
+    recs = [json.loads(x) for x in (_outputs(runs[0]) / "steps.jsonl").read_text().splitlines() if x]
     gen_s = [r["phases"]["generation"]["seconds"] for r in recs]
     assert gen["first_step_s"] == pytest.approx(gen_s[0]) and gen["seconds"]["max"] == pytest.approx(
         max(gen_s[1:])
@@ -107,8 +131,19 @@ def test_report_json_has_every_section(runs):
     assert all(v["seconds_per_step"] is not None for v in rep["idle"].values())
     t = rep["throughput"]
     assert t["generated_tokens_per_s"] > 0 and t["trained_tokens_per_s"] > 0 and 0 < t["mfu"] < 1
-    assert set(rep["trends"]) == {"reward", "KL", "log-prob agreement |d|", "stop fraction"}
+    assert set(rep["trends"]) == {
+        "reward",
+        "grad norm",
+        "flat groups",
+        "KL",
+        "log-prob agreement |d|",
+        "stop fraction",
+    }
     assert len(rep["trends"]["reward"]["series"]) == 3
+    assert all(g > 0 for g in rep["trends"]["grad norm"]["series"]), "the tiny run learns: gradients"
+    assert sum(rep["statuses"]["run"].values()) == pytest.approx(1.0) and rep["no_signal"] is None
+    text = _report(str(_outputs(runs[0]))).stdout
+    assert re.search(r"^statuses: \w+ \d", text, re.M) and "grad norm" in text, text
 
 
 def test_report_trace_is_chrome_trace_with_every_rank(runs, tmp_path):
@@ -189,4 +224,4 @@ def test_a_failing_run_shows_its_error_briefly(tmp_path):
     # The ranks' own messages, before torchrun's summary and the log tail (which quotes log.txt, indented).
     assert any(str(bad) in line and not line.startswith(" ") for line in lines[:summary]), text
     assert "Traceback" not in text and "ChildFailedError" not in text
-    assert len(lines) < 25, text
+    assert len(lines) < 26, text  # header 5, a warning, 3 per rank, torchrun 4, the log tail 9

@@ -41,6 +41,7 @@ def run(tmp_path_factory):
     cmd = [sys.executable, "-m", "megatron_rl.cli.launch_local", "grpo_tiny_hf_cpu", *overrides]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    (tmp / "console.txt").write_text(proc.stdout + proc.stderr)
     records = [json.loads(line) for line in (tmp / "outputs" / "hf" / "steps.jsonl").read_text().splitlines()]
     export = tmp / "export"
     torchrun(
@@ -65,6 +66,24 @@ def test_the_run_generates_from_the_chat_template_and_stops_at_end_ids(run):
     assert sum(r["stop_fraction"] for r in records) > 0, [r["stop_fraction"] for r in records]
     assert all(r["completion_tokens_max"] <= 64 for r in records)
     assert all(r["publication"]["activated"] for r in records)
+
+
+def test_a_run_of_random_weights_says_once_that_it_cannot_learn_and_why(run):
+    """Issue 36's run: completions without code, every reward 0. The console says so once (at the third
+    flat step, logger.no_signal_steps), naming the status; the samples are there to read, chat template and all."""
+    tmp, records, _ = run
+    assert all(r["reward"]["max"] == 0 and r["reward"]["flat_group_fraction"] == 1.0 for r in records)
+    console = (tmp / "console.txt").read_text()
+    said = [line for line in console.splitlines() if "no learning signal" in line]
+    assert len(said) == 1, console[-4000:]
+    assert said[0].startswith(
+        "warning: no learning signal for 3 steps in a row (steps 1-3): every reward was 0"
+    )
+    assert "% no_code: the completions hold no code block" in said[0], said[0]
+    assert said[0].endswith(f"(read a few in {tmp / 'outputs' / 'hf' / 'samples.jsonl'})")
+    rows = [json.loads(line) for line in (tmp / "outputs" / "hf" / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 * STEPS and all(r["prompt"].startswith("<|im_start|>") for r in rows)
+    assert {r["status"] for r in rows} <= {"no_code", "syntax_error"}
 
 
 def test_the_export_decodes_token_for_token_like_the_engine(run):

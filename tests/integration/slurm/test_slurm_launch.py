@@ -35,10 +35,14 @@ def rank_map(rep: dict) -> list[tuple]:
 
 def test_submit_runs_one_rank_per_gpu_and_delivers_usr1(slurm, tmp_path):
     """`megatron-rl submit` for real; with a 2-minute limit the script's own `--signal=USR1@120` is due at
-    once and arrives at the controller's next time-limit check (every ~30 s)."""
-    env = {"MEGATRON_RL_ENTRY": CHECK, "MEGATRON_RL_CHECK_WAIT_USR1": "75"}
+    once and arrives at the controller's next time-limit check (every ~30 s). Named, the job's ranks get
+    the run's name (the job continues the local run of that name)."""
+    env = {"MEGATRON_RL_ENTRY": CHECK, "MEGATRON_RL_CHECK_WAIT_USR1": "75", "MEGATRON_RL_RUN_NAME": "mine"}
     cmd = [sys.executable, "-m", "megatron_rl.cli", "submit", "grpo_tiny_cpu", "cluster.time_limit=2"]
-    out = slurm.run(cmd, cwd=tmp_path, env=env).stdout
+    done = slurm.run(cmd, cwd=tmp_path, env=env)
+    out = done.stdout
+    assert "MEGATRON_RL_RUN_NAME=mine" in out.splitlines()[0], "the printed command carries the name"
+    assert "run mine (MEGATRON_RL_RUN_NAME): continues from its newest checkpoint" in done.stderr
     job_id = re.search(r"submitted job (\d+)", out).group(1)
     job = slurm.wait(job_id, timeout=150)
     log = slurm.log(job)
@@ -53,7 +57,9 @@ def test_submit_runs_one_rank_per_gpu_and_delivers_usr1(slurm, tmp_path):
     assert all(r["usr1_after_s"] is not None for r in ranks), "every rank got SIGUSR1 and survived it"
     assert all(r["omp_threads"] == "1" and r["cuda_visible_devices"] == "0,1" for r in ranks)
     assert all(r["slurm_job_id"] == job_id and r["slurm_job_name"] == "grpo_tiny_cpu" for r in ranks)
+    assert all(r["run_name"] == "mine" for r in ranks)
     assert "launcher srun" in log and f"megatron-rl job {job_id} done, exit code 0" in log
+    assert out.rstrip().endswith("; run mine")
 
 
 def test_submit_places_both_pools_of_a_separated_recipe(slurm, tmp_path):

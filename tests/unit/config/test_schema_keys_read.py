@@ -85,6 +85,8 @@ READ_ELSEWHERE = {
     "logger.group": "megatron_rl.loop.record.records:RunLog",
     "logger.run_dir": "megatron_rl.loop.record.start:start_run",
     "logger.progress": "megatron_rl.loop.record.records:RunLog",
+    "logger.no_signal_steps": "megatron_rl.loop.record.records:RunLog",
+    "logger.samples_per_step": "megatron_rl.loop.record.records:RunLog",
     "cluster.dist_timeout_s": "megatron_rl.loop.placement.processes:Processes",
     "optim.lr_schedule": "megatron_rl.trainer.build:optim_settings",
     "seed": "megatron_rl.train:main",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,37 @@ def test_a_path_the_job_could_not_read_refuses_the_submission_unless_told_it_is_
     assert "this machine cannot see model.hf_checkpoint" in err
     assert "(megatron-rl validate)" not in err  # which only notes a GPU cluster's paths
     assert main(["grpo_qwen2.5-7b_1n8g", "--dry-run", "--remote-paths"]) == 0
+
+
+def test_a_named_run_is_exported_so_the_job_continues_it(capsys, monkeypatch):
+    """MEGATRON_RL_RUN_NAME set where `submit` runs: the job is told the name in its own command (a site
+    that exports nothing by default, a command copied into another shell), so it continues that run."""
+    monkeypatch.setenv("MEGATRON_RL_RUN_NAME", "grpo_tiny_cpu")
+    assert main(["grpo_tiny_cpu", "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    export = flags(shlex.split(out.splitlines()[0]))["export"].split(",")
+    assert export[0] == "ALL" and "MEGATRON_RL_RUN_NAME=grpo_tiny_cpu" in export
+    assert "run grpo_tiny_cpu (MEGATRON_RL_RUN_NAME): continues from its newest checkpoint in " in err
+    monkeypatch.delenv("MEGATRON_RL_RUN_NAME")
+    assert main(["grpo_tiny_cpu", "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert "MEGATRON_RL_RUN_NAME" not in out
+    assert (
+        "run grpo_tiny_cpu-<job id>: a run of its own; MEGATRON_RL_RUN_NAME=grpo_tiny_cpu makes it continue"
+        in err
+    )
+
+
+@pytest.mark.parametrize("bad", ["a/b", "x,y", " pad", ".."])
+def test_a_run_name_that_cannot_name_a_folder_is_refused(bad, capsys, monkeypatch):
+    from megatron_rl.loop.record.names import run_name
+
+    monkeypatch.setenv("MEGATRON_RL_RUN_NAME", bad)
+    assert main(["grpo_tiny_cpu", "--dry-run"]) == 2
+    assert "cannot name a run" in capsys.readouterr().err
+    from megatron_rl.cli import launch_local
+
+    assert launch_local.main(["grpo_tiny_cpu"]) == 2, "`megatron-rl run` refuses it before any rank starts"
+    assert "cannot name a run" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="one folder name"):
+        run_name(load_recipe("grpo_tiny_cpu"))

@@ -231,3 +231,89 @@ def test_overlapped_steps_show_their_wall_clock_beside_the_summed_phases():
     assert s["throughput"]["end_to_end_tokens_per_s"] == pytest.approx(
         summarize(serial)["throughput"]["end_to_end_tokens_per_s"] * 7.0 / 4.0
     )
+
+
+def _learning(rec: dict, statuses: dict, grad_norm: float, flat: float) -> dict:
+    reward = {
+        **rec["reward"],
+        "max": rec["reward"]["mean"],
+        "statuses": statuses,
+        "flat_group_fraction": flat,
+    }
+    return {**rec, "reward": reward, "train": {**rec["train"], "grad_norm": grad_norm}}
+
+
+def test_report_shows_the_statuses_the_gradient_norm_and_a_run_that_cannot_learn(tmp_path, capsys):
+    """Issue 36's run: 16 samples per step, all no_code, grad norm 0, every group flat."""
+    flat = [_learning({**r, "reward": {"mean": 0.0}}, {"no_code": 16}, 0.0, 1.0) for r in RECORDS]
+    s = summarize(flat)
+    assert s["statuses"]["first"] == s["statuses"]["last"] == {"no_code": 1.0}
+    assert s["trends"]["grad norm"]["series"] == [0.0] * 4 and s["trends"]["flat groups"]["last"] == 1.0
+    run = _write(tmp_path, "flat", flat)
+    assert main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "statuses: no_code 100% -> 100%; grad norm 0 -> 0" in out
+    assert "  grad norm " in out and "  flat groups " in out
+    assert "no learning signal for 4 steps in a row (steps 1-4): every reward was 0" in out
+    assert "likely cause: 100% no_code: the completions hold no code block" in out
+    assert main([str(run), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["no_signal"]["steps"] == [1, 4] and "100% no_code" in rep["no_signal"]["line"]
+    assert rep["statuses"]["run"] == {"no_code": 1.0} and rep["windows"] == {
+        "size": 2,
+        "first": [1, 2],
+        "last": [3, 4],
+    }
+    # The run's own logger.no_signal_steps, from the recipe.json beside its records: 5 > 4 steps, silent.
+    (run / "recipe.json").write_text(json.dumps({"logger": {"no_signal_steps": 5}}))
+    assert main([str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["no_signal"] is None
+
+
+def test_a_learning_run_shows_its_statuses_move_and_no_warning(tmp_path, capsys):
+    moving = [
+        _learning(RECORDS[0], {"failed": 12, "no_code": 4}, 0.8, 0.25),
+        _learning(RECORDS[1], {"failed": 10, "passed": 6}, 0.6, 0.0),
+        _learning(RECORDS[2], {"failed": 8, "passed": 8}, 0.5, 0.0),
+        _learning(RECORDS[3], {"passed": 15, "timeout": 1}, 0.3, 0.5),
+    ]
+    run = _write(tmp_path, "moving", moving)
+    assert main([str(run)]) == 0
+    out = capsys.readouterr().out
+    # steps 1-2: 22 failed, 6 passed, 4 no_code of 32; steps 3-4: 8 failed, 23 passed, 1 timeout
+    assert "statuses: failed 69% -> 25%, passed 19% -> 72%, no_code 12% -> 0%, timeout 0% -> 3%; " in out
+    assert "grad norm 0.7 -> 0.4" in out and "no learning signal" not in out
+
+
+def test_the_closing_lines_of_a_run_and_of_a_resumed_one():
+    from megatron_rl.telemetry.report import closing_lines
+
+    text = closing_lines([_learning(r, {"failed": 16}, 0.5, 0.0) for r in RECORDS])
+    assert text.startswith(
+        "reward: 0.3500 (steps 1-2) -> 0.6500 (steps 3-4), x1.86, over 4 steps\n"
+        "statuses: failed 100% -> 100%; grad norm 0.5 -> 0.5\n"
+    )
+    # A run resumed at step 3 that ran steps 4 and 5: its table's first column is its own first step's.
+    resumed = [_learning({**r, "step": s}, {"failed": 16}, 0.5, 0.0) for r, s in zip(RECORDS, (4, 5))]
+    text = closing_lines(resumed)
+    assert text.startswith("reward: 0.2000 (step 4) -> 0.5000 (step 5), x2.50, over 2 steps\n")
+    assert "per phase, seconds of the slowest rank (step 5; step 4 (warm-up) apart):" in text
+    assert "step 4 s" in text and "step 1 s" not in text and "steps 5-5" not in text
+    one = closing_lines(resumed[:1])
+    assert one.startswith("reward: 0.2000 (step 4), over 1 step\nstatuses: failed 100%; grad norm 0.5\n")
+
+
+def test_the_report_of_one_resumed_step_and_of_older_records_reads_right():
+    """One step (a resume that ran step 4 alone): "1 step", its trends as values, not "0.2 -> 0.2"; the
+    phase table's first-step column named after step 4. Older records (no statuses, no gradient norm):
+    no empty statuses line."""
+    from megatron_rl.telemetry.report import render
+
+    one = render(summarize([_learning({**RECORDS[0], "step": 4}, {"failed": 16}, 0.5, 0.0)]), "r")
+    assert one.startswith("run r: 1 step, 2 ranks\nper phase, seconds of the slowest rank (step 4 only):\n")
+    assert "  phase " in one and " step 4 s " in one and "step 1 s" not in one
+    assert "trends (step 4 only):\n  reward                   0.2\n" in one and " -> " not in one
+    assert "statuses: failed 100%; grad norm 0.5\n" in one
+    older = render(summarize(RECORDS), "r")
+    assert "run r: 4 steps, 2 ranks" in older and "trends (mean of steps 1-2 -> steps 3-4):" in older
+    assert "statuses" not in older and "\n\n" not in older.split("throughput")[1]
