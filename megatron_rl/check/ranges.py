@@ -52,7 +52,7 @@ ENUMS = {
 }
 
 # Every numeric key of the schema and its range: (low, high, low inclusive, high inclusive). Numbers
-# must also be finite. tests/unit/config/test_check.py proves no numeric key of the schema is missing
+# must also be finite. tests/unit/check/test_check.py proves no numeric key of the schema is missing
 # here and none lacks an upper bound, so a new key cannot skip its range check (enumerated numbers are
 # in ENUMS; temperature, top-p and top-k belong to the sampling convention, rollout/convention.py).
 DAY_S = float(MAX_TIMEOUT_S)  # a wall-clock limit of a day: the longest wait a run could mean

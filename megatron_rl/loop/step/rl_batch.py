@@ -156,7 +156,7 @@ def scored(model, samples: list[Sample], idx: list[int], temperature: float, rep
 
 def engine_logprobs(samples: list[Sample], idx: list[int]) -> dict:
     """samples[i] -> the engine's own sampling log-probs (algorithm.old_logprobs=engine)."""
-    return {i: torch.tensor(samples[i].logprobs, dtype=torch.float32) for i in idx}
+    return {i: torch.tensor(samples[i].logprobs, dtype=torch.float32, device="cpu") for i in idx}
 
 
 def share_agreement(

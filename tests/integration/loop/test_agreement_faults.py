@@ -6,7 +6,7 @@ test_tiny_moe and test_separated assert the same of theirs).
 
 Each run: version 1 clean, one fault per version from 2 on, then clean versions again; the refusal
 policy's limit is raised so that the run goes on through every fault (the default, three in a row, is
-tested in tests/unit/loop/test_probe_policy.py). The three runs are benchmarks/agreement.py's fault runs
+tested in tests/unit/loop/placement/test_probe_policy.py). The three runs are benchmarks/agreement.py's fault runs
 (its smoke run too: tests/integration/test_script_smoke.py runs only its cost part), launched once with
 the probe's verdict back at `refuse` and kept; its report of them is checked too."""
 

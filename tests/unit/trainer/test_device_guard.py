@@ -154,3 +154,18 @@ def test_microbatches_and_their_extras_are_on_the_policy_device(guarded):
     loss, _ = grpo_loss_fn(algo, 8, 5.0)(lp, mb)
     loss.backward()
     assert lp.grad is not None and torch.isfinite(lp.grad).all()
+
+
+def test_the_engines_log_probs_as_the_old_ones_are_made_on_the_host(guarded):
+    """algorithm.old_logprobs=engine: the loop builds the old log-probs from the engine's lists. Made
+    without a device they were meta under the trap, and the microbatch's copy failed (a GPU puts them
+    on whatever device is current)."""
+    from megatron_rl.loop.step.rl_batch import engine_logprobs
+    from megatron_rl.rollout.types import Sample
+
+    samples = [Sample(0, i, [1, 2], [3, 4, 5], [-0.5, -1.0, -1.5], "stop", False, 1) for i in range(2)]
+    old = engine_logprobs(samples, [0, 1])
+    assert all(t.device.type == "cpu" and t.tolist() == [-0.5, -1.0, -1.5] for t in old.values())
+    (mb,) = make_microbatches([s.prompt_ids + s.token_ids for s in samples], [2, 2], 2,
+                              extras={"old": [old[0], old[1]]}, device=torch.device("cpu"))  # fmt: skip
+    assert mb.extras["old"][0, 1:4].tolist() == [-0.5, -1.0, -1.5]
