@@ -41,13 +41,13 @@ VERBOSE_STEPS = 2
 VERBOSE = ["algorithm.kl_coef=0", "rollout.oversample=1.5", "logger.wandb=false"]
 VERBOSE_ENV = {"MEGATRON_RL_VERBOSE": "1"}
 # The kill-and-resume tests' runs (tests/integration/checkpoint/conftest.py: their uninterrupted run `A`,
-# shared): 4 steps, a checkpoint (asynchronous) after every step.
+# shared): 4 steps, a checkpoint (asynchronous) after every step, W&B on (offline): a resumed run continues
+# its W&B run, another run's checkpoint starts one of its own (test_resume.py).
 RESUME_STEPS = 4
 SAVE_EVERY_STEP = [
     "checkpoint.interval=1",
     "checkpoint.keep_last=5",
     "checkpoint.async_save=true",
-    "logger.wandb=false",
 ]
 
 
