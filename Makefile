@@ -40,15 +40,19 @@ demo: prereqs $(STAMP)
 demo-hf: prereqs $(STAMP)
 	MEGATRON_RL_RUN_NAME=grpo_tiny_hf_cpu-$$(date +%Y%m%d-%H%M%S) $(BIN)/megatron-rl run grpo_tiny_hf_cpu
 
+# Two pytest-xdist workers: one launched run keeps about 1.2 of 2 cores busy. Tests sharing a launched run
+# stay on one worker (tests/conftest.py); TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 test: prereqs $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15 tests
+	$(BIN)/python -m pytest -q --durations=15 $(XDIST) tests
 
 # Under 5 minutes on 2 cores, for development (README, Tests): the unit tier, one launched run of the
 # whole loop read by test_tiny_loop.py (trainer, engines, sandboxed rewards, resharding, telemetry),
 # and the sandbox's verdicts on real programs. `make test` runs everything, this included.
 QUICK := tests/unit tests/integration/loop/test_tiny_loop.py tests/integration/reward/test_sandbox_scoring.py
 test-quick: prereqs $(STAMP)
-	$(BIN)/python -m pytest -q --durations=10 $(QUICK)
+	$(BIN)/python -m pytest -q --durations=10 $(XDIST) $(QUICK)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
