@@ -38,6 +38,7 @@ def xdist_group_of(item: pytest.Item) -> str:
     return shared[0] if shared else item.nodeid.split("::")[0]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))

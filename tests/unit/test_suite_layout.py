@@ -17,3 +17,45 @@ def test_no_test_folder_is_skipped_by_norecursedirs():
     assert {"unit", "dist", "integration", "gpu"} <= {p.name for p in folders}
     skipped = [p for p in folders if any(fnmatch.fnmatch(p.name, pat) for pat in patterns)]
     assert skipped == [], skipped
+
+
+def test_readers_of_one_launched_run_share_a_worker_and_others_keep_their_file():
+    """make test's two workers (tests/conftest.py): a second worker reading a shared session run would
+    launch it again."""
+    from types import SimpleNamespace
+
+    from tests.conftest import SHARED, xdist_group_of
+
+    def item(path: str, *fixtures: str) -> SimpleNamespace:
+        return SimpleNamespace(nodeid=f"{path}::test_x", fixturenames=["tmp_path", *fixtures])
+
+    assert xdist_group_of(item("tests/integration/loop/test_tiny_loop.py", "tiny_run")) == "loop-runs"
+    assert xdist_group_of(item("tests/integration/loop/test_old_logprobs.py", "engine_run", "tiny_run")) == (
+        "loop-runs"
+    )
+    assert (
+        xdist_group_of(item("tests/integration/checkpoint/test_resume.py", "uninterrupted")) == "resume-runs"
+    )
+    assert xdist_group_of(item("tests/unit/plan/test_search.py")) == "tests/unit/plan/test_search.py"
+    assert {"tiny_run", "engine_run", "verbose_oversampled_run", "uninterrupted", "slurm"} <= set(SHARED)
+    import pytest
+
+    with pytest.raises(pytest.UsageError, match="merge them in SHARED"):
+        xdist_group_of(item("tests/x.py", "tiny_run", "uninterrupted"))
+
+
+def test_every_session_run_the_integration_tier_launches_is_shared():
+    """A new session fixture in an integration conftest.py joins SHARED, or two workers launch it."""
+    import re
+
+    from tests.conftest import SHARED
+
+    declared = set()
+    for conftest in [
+        *(REPO / "tests" / "integration").rglob("conftest.py"),
+        *(REPO / "tests" / "dist").rglob("conftest.py"),
+    ]:
+        declared |= set(
+            re.findall(r'@pytest\.fixture\(scope="session"\)\s*\ndef (\w+)', conftest.read_text())
+        )
+    assert declared and declared <= set(SHARED), declared - set(SHARED)
