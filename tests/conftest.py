@@ -5,16 +5,22 @@ models/fixture.py). Tests that plan, validate or submit every shipped recipe nee
 is built once per session into a temporary folder that the recipe's `${oc.env:MEGATRON_RL_FIXTURES}`
 points at (processes the tests start inherit it).
 
-`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`): a launched run keeps
-about 1.2 of the 2 cores busy, so one worker alone leaves the machine 40% idle. Each worker has its own
-session, so tests that share a launched run (a session fixture) or a module's run stay on one worker:
-`pytest_collection_modifyitems` puts every test in the group of its file, and the readers of one shared
-session fixture in that fixture's group (SHARED).
+`make test` runs the suite on two pytest-xdist workers (`-n 2`): a launched run keeps about 1.2 of the
+2 cores busy, so one worker alone leaves the machine 40% idle. Each worker has its own session, so the
+tests of one file (module fixtures) and every reader of one shared launched run (a session fixture in
+SHARED) must run on one worker. The scheduler below sends whole groups: a file, or the files that read
+one shared run. A file's group is read from its source, on the controller, before any worker has
+collected; every worker then checks it against the fixtures pytest resolved for each of its tests and
+stops the session when the two disagree, before anything runs. (pytest-xdist's own `loadgroup` renames
+`item._nodeid`, which pytest 9 no longer reads: every test was scheduled alone.)
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -27,21 +33,52 @@ SHARED = {
     "uninterrupted": "resume-runs",
     "slurm": "slurm",
 }
+_DEF = re.compile(r"def \w+\(([^)]*)\)", re.S)
 
 
-def xdist_group_of(item: pytest.Item) -> str:
-    """The group a test runs in: its shared session fixture's, else its file's (module fixtures)."""
-    used = set(getattr(item, "fixturenames", ()))
-    shared = sorted({group for name, group in SHARED.items() if name in used})
-    if len(shared) > 1:  # one test reading runs of two groups would need both on its worker
-        raise pytest.UsageError(f"{item.nodeid} reads session runs of groups {shared}: merge them in SHARED")
-    return shared[0] if shared else item.nodeid.split("::")[0]
+def _one_group(groups: set[str], where: str) -> str | None:
+    if len(groups) > 1:  # its worker would need the runs of both groups
+        raise pytest.UsageError(
+            f"{where} reads session runs of groups {sorted(groups)}: merge them in SHARED"
+        )
+    return next(iter(groups), None)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the node ids
+@functools.cache
+def file_group(root: Path, path: str) -> str:
+    """The group of the test file `path` (relative to `root`): the shared run that one of its functions
+    (a test or a fixture) names as a parameter, else the file itself."""
+    text = (root / path).read_text() if (root / path).is_file() else ""
+    named = {word for params in _DEF.findall(text) for word in re.findall(r"\w+", params)}
+    return _one_group({SHARED[f] for f in SHARED if f in named}, path) or path
+
+
+def item_group(item: pytest.Item) -> str | None:
+    """The shared run a collected test reads, from the fixtures pytest resolved for it."""
+    return _one_group({SHARED[f] for f in getattr(item, "fixturenames", ()) if f in SHARED}, item.nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedRunScheduling(LoadScopeScheduling):
+        """pytest-xdist's per-scope scheduling with the scopes of file_group."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return file_group(config.rootpath, nodeid.split("::")[0])
+
+    return SharedRunScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+        shared, path = item_group(item), item.nodeid.split("::")[0]
+        if shared is not None and file_group(config.rootpath, path) != shared:
+            raise pytest.UsageError(
+                f"{item.nodeid} reads the shared run of group {shared!r} through a fixture whose name its "
+                f"file does not write as a parameter: name it in a parameter of the file (tests/conftest.py)"
+            )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -19,29 +19,32 @@ def test_no_test_folder_is_skipped_by_norecursedirs():
     assert skipped == [], skipped
 
 
-def test_readers_of_one_launched_run_share_a_worker_and_others_keep_their_file():
+def test_readers_of_one_launched_run_share_a_worker_and_others_keep_their_file(tmp_path):
     """make test's two workers (tests/conftest.py): a second worker reading a shared session run would
-    launch it again."""
-    from types import SimpleNamespace
-
-    from tests.conftest import SHARED, xdist_group_of
-
-    def item(path: str, *fixtures: str) -> SimpleNamespace:
-        return SimpleNamespace(nodeid=f"{path}::test_x", fixturenames=["tmp_path", *fixtures])
-
-    assert xdist_group_of(item("tests/integration/loop/test_tiny_loop.py", "tiny_run")) == "loop-runs"
-    assert xdist_group_of(item("tests/integration/loop/test_old_logprobs.py", "engine_run", "tiny_run")) == (
-        "loop-runs"
-    )
-    assert (
-        xdist_group_of(item("tests/integration/checkpoint/test_resume.py", "uninterrupted")) == "resume-runs"
-    )
-    assert xdist_group_of(item("tests/unit/plan/test_search.py")) == "tests/unit/plan/test_search.py"
-    assert {"tiny_run", "engine_run", "verbose_oversampled_run", "uninterrupted", "slurm"} <= set(SHARED)
+    launch it again; a file's tests stay together for its module fixtures."""
     import pytest
 
+    from tests.conftest import SHARED, file_group
+
+    def group(name: str, source: str) -> str:
+        (tmp_path / name).write_text(source)
+        return file_group(tmp_path, name)
+
+    assert group("a.py", "def test_x(tiny_run):\n    pass\n") == "loop-runs"
+    assert group("b.py", "@pytest.fixture\ndef runs(\n    tiny_run,\n    verbose_oversampled_run,\n):\n") == (
+        "loop-runs"
+    )
+    assert group("c.py", "def test_x(uninterrupted, tmp_path): ...") == "resume-runs"
+    assert group("d.py", "def test_x(tmp_path):  # tiny_run in a comment is no parameter") == "d.py"
     with pytest.raises(pytest.UsageError, match="merge them in SHARED"):
-        xdist_group_of(item("tests/x.py", "tiny_run", "uninterrupted"))
+        group("e.py", "def test_x(tiny_run): ...\ndef test_y(uninterrupted): ...")
+    assert {"tiny_run", "engine_run", "verbose_oversampled_run", "uninterrupted", "slurm"} <= set(SHARED)
+    # The shipped readers, as the scheduler groups them.
+    assert file_group(REPO, "tests/integration/loop/test_console_and_report.py") == "loop-runs"
+    assert file_group(REPO, "tests/integration/loop/test_old_logprobs.py") == "loop-runs"
+    assert file_group(REPO, "tests/integration/checkpoint/test_resume_integrity.py") == "resume-runs"
+    assert file_group(REPO, "tests/integration/slurm/test_slurm_train.py") == "slurm"
+    assert file_group(REPO, "tests/unit/plan/test_search.py") == "tests/unit/plan/test_search.py"
 
 
 def test_every_session_run_the_integration_tier_launches_is_shared():
