@@ -43,7 +43,7 @@ demo-hf: prereqs $(STAMP)
 # Two pytest-xdist workers: one launched run keeps about 1.2 of 2 cores busy. Tests sharing a launched run
 # stay on one worker (tests/conftest.py); TEST_WORKERS=0 runs everything in this process.
 TEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 test: prereqs $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15 $(XDIST) tests
 
