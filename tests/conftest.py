@@ -17,9 +17,9 @@ stops the session when the two disagree, before anything runs. (pytest-xdist's o
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -33,7 +33,6 @@ SHARED = {
     "uninterrupted": "resume-runs",
     "slurm": "slurm",
 }
-_DEF = re.compile(r"def \w+\(([^)]*)\)", re.S)
 
 
 def _one_group(groups: set[str], where: str) -> str | None:
@@ -47,9 +46,17 @@ def _one_group(groups: set[str], where: str) -> str | None:
 @functools.cache
 def file_group(root: Path, path: str) -> str:
     """The group of the test file `path` (relative to `root`): the shared run that one of its functions
-    (a test or a fixture) names as a parameter, else the file itself."""
-    text = (root / path).read_text() if (root / path).is_file() else ""
-    named = {word for params in _DEF.findall(text) for word in re.findall(r"\w+", params)}
+    (a test or a fixture) takes as a parameter, else the file itself."""
+    source = root / path
+    tree = (
+        ast.parse(source.read_text()) if source.suffix == ".py" and source.is_file() else ast.Module([], [])
+    )
+    named = {
+        a.arg
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+    }
     return _one_group({SHARED[f] for f in SHARED if f in named}, path) or path
 
 

@@ -31,11 +31,14 @@ def test_readers_of_one_launched_run_share_a_worker_and_others_keep_their_file(t
         return file_group(tmp_path, name)
 
     assert group("a.py", "def test_x(tiny_run):\n    pass\n") == "loop-runs"
-    assert group("b.py", "@pytest.fixture\ndef runs(\n    tiny_run,\n    verbose_oversampled_run,\n):\n") == (
-        "loop-runs"
-    )
+    assert group(
+        "b.py", "@pytest.fixture\ndef runs(\n    tiny_run,\n    verbose_oversampled_run,\n):\n    pass\n"
+    ) == ("loop-runs")
     assert group("c.py", "def test_x(uninterrupted, tmp_path): ...") == "resume-runs"
-    assert group("d.py", "def test_x(tmp_path):  # tiny_run in a comment is no parameter") == "d.py"
+    assert (
+        group("d.py", "def test_x(tmp_path):\n    '''def test_y(tiny_run): a string is no parameter'''\n")
+        == "d.py"
+    )
     with pytest.raises(pytest.UsageError, match="merge them in SHARED"):
         group("e.py", "def test_x(tiny_run): ...\ndef test_y(uninterrupted): ...")
     assert {"tiny_run", "engine_run", "verbose_oversampled_run", "uninterrupted", "slurm"} <= set(SHARED)
