@@ -55,13 +55,13 @@ test-quick: prereqs $(STAMP)
 	$(BIN)/python -m pytest -q --durations=10 $(XDIST) $(QUICK)
 
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q $(XDIST) tests/unit
 
 test-dist: $(STAMP)
-	$(BIN)/python -m pytest -q tests/dist
+	$(BIN)/python -m pytest -q $(XDIST) tests/dist
 
 test-integration: prereqs $(STAMP)
-	$(BIN)/python -m pytest -q tests/integration
+	$(BIN)/python -m pytest -q $(XDIST) tests/integration
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
