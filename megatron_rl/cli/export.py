@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe_name, checkpoint, out, overrides = argv[0], argv[1], argv[2], argv[3:]
     from megatron_rl.check.recipe import checked, refused
     from megatron_rl.checkpoint.integrity import verify
-    from megatron_rl.cli.launch_local import _free_port
+    from megatron_rl.cli.launch_local import torchrun_here
     from megatron_rl.cli.launch_torchrun import LOG_ENV
     from megatron_rl.config.load import RecipeError, RecipeNotFound, load_recipe
     from megatron_rl.config.problem import ConfigError
@@ -120,23 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("")  # this export's output only (the ranks append)
     nproc = replica_layout(run.layout).trainer_world
-    cmd = [
-        sys.executable,
-        "-m",
-        "megatron_rl.cli.launch_torchrun",  # torchrun, with a short summary when a rank fails
-        "--nproc-per-node",
-        str(nproc),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
-        "-m",
-        "megatron_rl.cli.export",
-        recipe_name,
-        str(step),
-        out,
-        *overrides,
-    ]
+    cmd = torchrun_here(nproc, "megatron_rl.cli.export", recipe_name, str(step), out, *overrides)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), LOG_ENV: str(log)}
     if verbose:
         env["MEGATRON_RL_VERBOSE"] = "1"

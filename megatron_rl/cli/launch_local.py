@@ -33,6 +33,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def torchrun_here(nproc: int, module: str, *args: str) -> list[str]:
+    """The command that runs `python -m module args` as `nproc` ranks on this machine (a free local
+    port; launch_torchrun prints a short summary when a rank fails): `megatron-rl run` and `export`."""
+    return [
+        sys.executable,
+        "-m",
+        "megatron_rl.cli.launch_torchrun",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        module,
+        *args,
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -62,21 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    cmd = [
-        sys.executable,
-        "-m",
-        "megatron_rl.cli.launch_torchrun",  # torchrun, with a short summary when a rank fails
-        "--nproc-per-node",
-        str(nproc),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
-        "-m",
-        "megatron_rl.train",
-        recipe_name,
-        *overrides,
-    ]
+    cmd = torchrun_here(nproc, "megatron_rl.train", recipe_name, *overrides)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if verbose:
         env["MEGATRON_RL_VERBOSE"] = "1"
