@@ -170,7 +170,8 @@ class RefusalPolicy:
                 f"{line}; {self.steps_disagreeing} steps in a row disagree "
                 f"(rollout.max_refused_publications={self.max_in_a_row}): the run stops"
             )
-        self._say(f"{line}: {self.steps_disagreeing} step(s) in a row")
+        n = self.steps_disagreeing
+        self._say(f"{line}: {n} {'step' if n == 1 else 'steps'} in a row")
         return ""
 
     def _say(self, line: str) -> None:

@@ -257,7 +257,10 @@ def checkpoint_interval(run: Run) -> int:
 
     inp, lay = inputs_from_run(run), run.layout
     steps = reliability(inp, lay, cycle(inp, lay).step_s)["interval_steps_optimal"]
-    log.info("checkpoint interval from the planner's Young/Daly figure: every %d step(s)", steps)
+    log.info(
+        "checkpoint interval from the planner's Young/Daly figure: every %s",
+        "step" if steps == 1 else f"{steps} steps",
+    )
     return int(steps)
 
 

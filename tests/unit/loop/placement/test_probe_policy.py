@@ -96,11 +96,13 @@ def test_warn_serves_the_version_and_stop_ends_at_once():
         guard.publish(named, 1, probe)
 
 
-def test_the_steps_own_disagreement_ends_the_run_when_it_persists():
+def test_the_steps_own_disagreement_ends_the_run_when_it_persists(caplog):
     _, _, guard, _, _ = _setup({})
     wrong = ["max |trainer - engine| 0.3 nats > 2e-05"]
     assert guard.after_step(0, 1, []) == ""
-    assert guard.after_step(0, 1, wrong) == "" and guard.steps_disagreeing == 1
+    with caplog.at_level("WARNING"):
+        assert guard.after_step(0, 1, wrong) == "" and guard.steps_disagreeing == 1
+    assert caplog.messages[-1].endswith(": 1 step in a row"), caplog.messages
     assert guard.after_step(1, 2, []) == "" and guard.steps_disagreeing == 0  # an outlier between agreements
     assert guard.after_step(2, 3, wrong) == "" and guard.after_step(3, 4, wrong) == ""
     assert "3 steps in a row disagree" in guard.after_step(4, 5, wrong)
