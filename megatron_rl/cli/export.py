@@ -86,19 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     recipe_name, checkpoint, out, overrides = argv[0], argv[1], argv[2], argv[3:]
     from megatron_rl.check.recipe import checked, refused
     from megatron_rl.checkpoint.integrity import verify
-    from megatron_rl.cli.launch_local import torchrun_here
+    from megatron_rl.cli.launch_local import ready_here, torchrun_here
     from megatron_rl.cli.launch_torchrun import LOG_ENV
     from megatron_rl.config.load import RecipeError, RecipeNotFound, load_recipe
     from megatron_rl.config.problem import ConfigError
-    from megatron_rl.system.device import refusal_for
 
     try:
         recipe = load_recipe(recipe_name, overrides)
-        if recipe.model.fixture and recipe.model.hf_checkpoint:  # a CPU demo's checkpoint, as `run` builds it
-            from megatron_rl.models.fixture import build_fixture
-
-            build_fixture(recipe.model.fixture, Path(recipe.model.hf_checkpoint))
-        refusal = refusal_for(recipe.cluster)  # a GPU cluster where CUDA is unavailable (the driver's rule)
+        refusal = ready_here(recipe)  # as `megatron-rl run`: the GPU-cluster rule, the CPU demo's checkpoint
         if refusal:
             print(f"error: {refusal}", file=sys.stderr)
             return 1
@@ -201,9 +196,8 @@ def rank_main(argv: list[str] | None = None) -> int:
 
 
 def launched() -> bool:
-    """Under torchrun or srun (a rank), as opposed to a plain shell."""
-    env = os.environ
-    return ("RANK" in env and "WORLD_SIZE" in env) or ("SLURM_PROCID" in env and "SLURM_NTASKS" in env)
+    """Under torchrun or srun (a rank), as opposed to a plain shell (parallel/dist_env.py decides)."""
+    return from_env().launcher != "single"
 
 
 def entry(argv: list[str] | None = None) -> int:

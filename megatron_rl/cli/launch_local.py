@@ -33,6 +33,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def ready_here(recipe) -> str | None:
+    """Before a recipe's ranks start on this machine (`megatron-rl run`, `export`): the refusal of a GPU
+    cluster where CUDA is unavailable (the driver's rule, system/device.py), else None once the CPU
+    demo's checkpoint (model.fixture) is built (once; models/fixture.py)."""
+    refusal = refusal_for(recipe.cluster)
+    if refusal is None and recipe.model.fixture and recipe.model.hf_checkpoint:
+        from megatron_rl.models.fixture import build_fixture
+
+        build_fixture(recipe.model.fixture, Path(recipe.model.hf_checkpoint))
+    return refusal
+
+
 def torchrun_here(nproc: int, module: str, *args: str) -> list[str]:
     """The command that runs `python -m module args` as `nproc` ranks on this machine (a free local
     port; launch_torchrun prints a short summary when a rank fails): `megatron-rl run` and `export`."""
@@ -62,14 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     recipe_name, overrides = argv[0], argv[1:]
     try:
         recipe = load_recipe(recipe_name, overrides)
-        refusal = refusal_for(recipe.cluster)  # a GPU cluster where CUDA is unavailable (the driver's rule)
+        refusal = ready_here(recipe)
         if refusal:
             print(f"error: {refusal}", file=sys.stderr)
             return 2
-        if recipe.model.fixture and recipe.model.hf_checkpoint:  # a CPU demo's checkpoint, built once
-            from megatron_rl.models.fixture import build_fixture
-
-            build_fixture(recipe.model.fixture, Path(recipe.model.hf_checkpoint))
         run = validate_recipe(recipe)  # the driver's own check, before any process starts
     except (ConfigError, RecipeError, RecipeNotFound, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)

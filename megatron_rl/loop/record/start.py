@@ -9,7 +9,6 @@ then the process groups, then the records' files, then a barrier.
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import torch.distributed as dist
 from megatron_rl.loop.placement.processes import Processes
 from megatron_rl.loop.record.names import run_name
 from megatron_rl.loop.record.records import RunLog
+from megatron_rl.parallel.dist_env import from_env
 from megatron_rl.telemetry import console
 
 
@@ -51,10 +51,6 @@ def header(run, run_dir: Path) -> str:
     )
 
 
-def _rank_from_env() -> int:
-    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
-
-
 def start_run(run) -> tuple[Processes, RunLog]:
     """This rank's process groups and its records of the run (`run`: the resolved run, run/resolve.py).
     Collective: every rank calls it once."""
@@ -67,7 +63,7 @@ def start_run(run) -> tuple[Processes, RunLog]:
     if conflict:
         raise SystemExit(f"error: {conflict}")
     # Before anything loads megatron-core or vLLM: their output goes to log.txt from the first line.
-    out = console.start(run_dir / "log.txt", _rank_from_env())
+    out = console.start(run_dir / "log.txt", from_env().rank)
     if out.rank == 0:
         out.say(header(run, run_dir))
     procs = Processes.start(run)
