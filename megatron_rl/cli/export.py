@@ -16,7 +16,8 @@ against its manifest before anything reads it (sizes here, every byte by the ran
 The terminal gets one line before and one after (what is exported, from where, to where; then the
 files); library warnings and every rank's output go to OUT.log beside the folder (`--verbose` or
 MEGATRON_RL_VERBOSE=1 shows them too). Exit 0 exported, 1 refused (a bad recipe, no complete
-checkpoint, one that does not verify, a rank that failed: its last lines are shown).
+checkpoint, one that does not verify, a rank that failed: its last lines are shown), 2 a GPU cluster's
+recipe where CUDA is unavailable.
 
 A subcommand rather than only `tools/export_hf.py`: exporting is a step of every run's life, so it
 belongs with `run`, `report` and `ckpt verify` on the installed command line (any directory, no
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         refusal = ready_here(recipe)  # as `megatron-rl run`: the GPU-cluster rule, the CPU demo's checkpoint
         if refusal:
             print(f"error: {refusal}", file=sys.stderr)
-            return 1
+            return 2  # the GPU-cluster rule's exit code everywhere (system/device.py)
         # The planner's kinds of problem: the model's shape and the layout rules. The data, the memory
         # of training and what only the driver lacks do not concern an export.
         found, run = checked(recipe, read_data=False)

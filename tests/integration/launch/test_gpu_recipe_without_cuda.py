@@ -1,6 +1,6 @@
 """A recipe on a GPU cluster, on this machine without CUDA: refused before anything is built, in one line
 that names the cluster, torch's CUDA build and the likely cause, with exit 2 (megatron_rl/cli/doctor.py's rule),
-by `launch_local` (no rank starts) and by the driver itself. CPU clusters are unaffected (every other launch
+by `launch_local` (no rank starts), by `megatron-rl export` and by the driver itself. CPU clusters are unaffected (every other launch
 test). The sbatch path: tests/integration/slurm/test_slurm_launch.py."""
 
 from __future__ import annotations
@@ -42,3 +42,18 @@ def test_launch_local_refuses_a_gpu_cluster_before_any_rank_starts(tmp_path):
 
 def test_the_driver_refuses_a_gpu_cluster_before_building_anything(tmp_path):
     _assert_refused(_run("megatron_rl.train", "grpo_tiny_cpu", tmp_path), tmp_path)
+
+
+def test_export_refuses_a_gpu_cluster_before_any_rank_starts(tmp_path):
+    """`megatron-rl export` launches ranks on this machine as `run` does: the same refusal, exit 2, and
+    neither the folder nor its log is made."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "megatron_rl.cli.export", "grpo_tiny_cpu", str(tmp_path / "ckpt"),
+         str(tmp_path / "hf"), *GPU_CLUSTER],
+        capture_output=True, text=True, timeout=180, cwd=REPO, env={**env, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    _assert_refused(proc, tmp_path)
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "hf.log").exists()
