@@ -78,14 +78,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return SharedRunScheduling(config, log)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def misgrouped(root: Path, items: list) -> list[str]:
+    """The tests whose shared run the scheduler's file_group cannot see (read through a fixture whose
+    name their file never writes as a parameter): each would send its file to a worker of its own."""
+    wrong = []
     for item in items:
         shared, path = item_group(item), item.nodeid.split("::")[0]
-        if shared is not None and file_group(config.rootpath, path) != shared:
-            raise pytest.UsageError(
-                f"{item.nodeid} reads the shared run of group {shared!r} through a fixture whose name its "
-                f"file does not write as a parameter: name it in a parameter of the file (tests/conftest.py)"
-            )
+        if shared is not None and file_group(root, path) != shared:
+            wrong.append(f"{item.nodeid} reads the shared run of group {shared!r}")
+    return wrong
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wrong = misgrouped(config.rootpath, items)
+    if wrong:
+        raise pytest.UsageError(
+            f"{wrong[0]} through a fixture whose name its file does not write as a parameter: name it in a "
+            f"parameter in the file (tests/conftest.py; {len(wrong)} such tests)"
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -65,3 +65,21 @@ def test_every_session_run_the_integration_tier_launches_is_shared():
             re.findall(r'@pytest\.fixture\(scope="session"\)\s*\ndef (\w+)', conftest.read_text())
         )
     assert declared and declared <= set(SHARED), declared - set(SHARED)
+
+
+def test_a_reader_the_file_scan_cannot_see_stops_the_session(tmp_path):
+    """The scheduler groups by file source; pytest resolves fixtures through conftest chains the source
+    need not name. A test reading `tiny_run` through a conftest fixture of another name is caught."""
+    from types import SimpleNamespace
+
+    from tests.conftest import misgrouped
+
+    (tmp_path / "test_hidden.py").write_text("def test_x(runs):\n    pass\n")
+    (tmp_path / "test_named.py").write_text("def test_x(tiny_run):\n    pass\n")
+    hidden = SimpleNamespace(nodeid="test_hidden.py::test_x", fixturenames=["runs", "tiny_run"])
+    named = SimpleNamespace(nodeid="test_named.py::test_x", fixturenames=["tiny_run"])
+    alone = SimpleNamespace(nodeid="test_hidden.py::test_y", fixturenames=["tmp_path"])
+    assert misgrouped(tmp_path, [named, alone]) == []
+    assert misgrouped(tmp_path, [hidden, named]) == [
+        "test_hidden.py::test_x reads the shared run of group 'loop-runs'"
+    ]
