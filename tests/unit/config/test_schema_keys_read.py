@@ -39,7 +39,7 @@ NOT_EVIDENCE = {
 
 # key -> "module:function" that reads it, on a path that needs processes, an engine or a GPU.
 READ_ELSEWHERE = {
-    "model.fixture": "megatron_rl.cli.launch_local:main",
+    "model.fixture": "megatron_rl.cli.launch_local:ready_here",
     "algorithm.advantage_std_norm": "megatron_rl.loop.step.rl_batch:advantages_with_kl",
     "algorithm.clip_low": "megatron_rl.loop.step.rl_batch:grpo_loss_fn",
     "algorithm.clip_high": "megatron_rl.loop.step.rl_batch:grpo_loss_fn",
