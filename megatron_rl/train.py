@@ -48,6 +48,7 @@ from megatron_rl.loop.step.rl_batch import (
     minibatch_extras,
     scored,
     share_agreement,
+    tokens_exact,
 )
 from megatron_rl.system.device import require_device
 from megatron_rl.trainer.build import build_policy, frozen_copy
@@ -133,20 +134,24 @@ def main(argv: list[str] | None = None) -> int:
                 ref = scored(reference, samples, mine, temp, replay)
 
         # 3. group-relative advantages (the KL folded into the rewards when the recipe says so)
-        kl = kl_sums(old, ref, algo.kl_estimator, procs.dp_cpu_group) if algo.kl_in_reward and ref else None
-        adv = advantages_with_kl(samples, ro.samples_per_prompt, algo, ro.max_new_tokens, kl)
+        #    over whole trajectories: a multi-turn sample is one trajectory with one reward (rollout/turns.py)
+        kl = kl_sums(old, ref, algo.kl_estimator, procs.dp_cpu_group, samples) if algo.kl_in_reward and ref else None
+        adv = advantages_with_kl(samples, ro.samples_per_prompt, algo, ro.max_new_tokens, kl, ro.turn_penalty)
         keep = loss_mask_keep(samples, algo)
 
         # 4. k minibatches, one optimizer step each. Without a recompute, the first minibatch's forward
-        #    (before any update) gives the engine-vs-trainer agreement of its samples.
-        train_metrics = []
+        #    (before any update) gives the engine-vs-trainer agreement of its samples. The loss covers the
+        #    tokens the model generated; a multi-turn trajectory's observations are context (minibatch_extras).
+        train_metrics, trained_ids = [], {}
         for minibatch in plan:
             idx = minibatch[procs.state.dp_rank]
             everyone = [i for rank_share in minibatch for i in rank_share]
             normaliser = global_normaliser(samples, everyone, keep, algo.loss_agg)
             loss_fn = grpo_loss_fn(algo, ro.max_new_tokens, normaliser, source == old_policy.UPDATE)
+            ids = [samples[i].sequence for i in idx]
+            trained_ids.update(zip(idx, ids))
             out = policy.train_step(
-                [samples[i].sequence for i in idx],
+                ids,
                 [samples[i].prompt_len for i in idx],
                 loss_fn,
                 extras=minibatch_extras(samples, idx, adv, keep, old, ref),
@@ -169,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         agreement["version_lag"] = feed.lag_of(agreement["version"], step)
         agreement["problems"] = step_problems(agreement, run.thresholds, procs.cpu_group)
         halt = refusals.after_step(step, agreement["version"], agreement["problems"])
-        metrics = step_metrics(samples, stats, agreement, train_metrics, publication, log, run.spec)
+        # token in, token out: the ids the trainer trained on are those its engines ran and produced
+        exact = tokens_exact(samples, trained_ids, procs.cpu_group)
+        metrics = step_metrics(samples, stats, agreement, train_metrics, publication, log, run.spec, exact)
         extra = {"sampling_rounds": rounds, "old_logprobs": source, "version_lag": lag}
         extra["rollout_wait_s"] = feed.take_wait()  # separated: the trainer idle, waiting on the engines
         log.record(step + 1, {**metrics, **extra}, samples, task)  # and a few samples to read (samples.jsonl)

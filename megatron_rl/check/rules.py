@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 
 from megatron_rl.check.ranges import get_key
+from megatron_rl.check.turns import environment
 from megatron_rl.config.problem import Problem
 from megatron_rl.rollout.agreement import agreement_problems
 from megatron_rl.rollout.convention import full_vocab_problem
@@ -451,4 +452,5 @@ RULES: tuple[Callable, ...] = (
     sampling,
     reward_and_cluster,
     publication,
+    environment,
 )

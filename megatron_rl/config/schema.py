@@ -178,6 +178,16 @@ class RolloutConfig:
     # times is not cut again: the batch waits for it, which bounds a token's age.
     partial: bool = False
     partial_max_cuts: int = 2
+    # Multi-turn rollouts (rollout/turns.py): an environment answers each turn (env/): "" = single-turn;
+    # code_feedback | expression_feedback | tool_calls | module:Class (your own). max_new_tokens then caps
+    # the whole trajectory after the prompt (turns and observations); turn_max_tokens one turn (0: none
+    # beyond what is left); observation_max_tokens one observation (its end kept). turn_penalty: reward
+    # taken off per turn after the first (shaping; 0 = one reward per trajectory, unshaped).
+    env: str = ""
+    max_turns: int = 1
+    turn_max_tokens: int = 0
+    observation_max_tokens: int = 256
+    turn_penalty: float = 0.0
 
 
 @dataclass
@@ -220,6 +230,9 @@ class DataConfig:
     # at `short_answer_tokens`. 0: every prompt's answer may run to rollout.max_new_tokens.
     tail_share: float = 0.0
     short_answer_tokens: int = 4
+    # data.source=synthetic only: prompts do not show the target ("<bos>="), so only feedback can tell it
+    # (rollout.env=expression_feedback, the multi-turn demo: recipes/grpo_tiny_multiturn_cpu.yaml).
+    hidden_target: bool = False
 
 
 @dataclass

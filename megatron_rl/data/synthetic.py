@@ -17,6 +17,10 @@ from scratch on 2 CPU cores in minutes, yet every reward goes through untrusted-
 The character tokenizer is the task's own: the engines run with `skip_tokenizer_init` and token-id
 prompts, so no HF tokenizer files are needed.
 
+With `data.hidden_target` the prompt is `<bos>=` alone: the first turn can only guess, and only the
+multi-turn environment's feedback ("15=12=": the value, then the target, env/code_feedback.py) tells
+the target, so a policy that learns to use feedback solves at its second turn.
+
 A long-tailed variant (`data.tail_share` > 0) measures what the longest completions cost
 (benchmarks/async.py): a share `tail_share` of the prompts may be answered in up to
 rollout.max_new_tokens tokens, the others are capped at `data.short_answer_tokens` (each prompt's
@@ -97,8 +101,10 @@ class ArithmeticTask:
         tokenizer: CharTokenizer | None = None,
         tail_share: float = 0.0,
         short_answer_tokens: int = 4,
+        hidden_target: bool = False,
     ):
         self.tok = tokenizer or CharTokenizer()
+        self.hidden_target = hidden_target
         self.max_target = max_target
         self.tail_share, self.short_answer_tokens = tail_share, short_answer_tokens
         self.rng = random.Random(seed)
@@ -116,7 +122,7 @@ class ArithmeticTask:
         return out
 
     def _prompt(self, target: int, problem_id: str, cap: int | None) -> ArithmeticPrompt:
-        ids = [self.tok.bos_id, *self.tok.encode(f"{target}=")]
+        ids = [self.tok.bos_id, *self.tok.encode("=" if self.hidden_target else f"{target}=")]
         return ArithmeticPrompt(target=target, prompt_ids=ids, problem_id=problem_id, max_new_tokens=cap)
 
     def prompt_record(self, prompt: ArithmeticPrompt) -> dict:
@@ -149,6 +155,10 @@ class ArithmeticTask:
         """The untrusted program a completion becomes."""
         return f"ans = {self.tok.decode(completion_ids)}\n"
 
+    def turn_text(self, ids: list[int]) -> str:
+        """A multi-turn trajectory's turn as its environment reads it (rollout/turns.py): the expression."""
+        return self.tok.decode(list(ids))
+
     def problem(self, prompt: ArithmeticPrompt):
         """The reward problem (tests as Python source) for one prompt."""
         from megatron_rl.reward.problem import Problem
@@ -157,6 +167,7 @@ class ArithmeticTask:
             id=prompt.problem_id,
             prompt=f"{prompt.target}=",
             tests=TESTS_TEMPLATE.format(t=prompt.target),
+            answer=str(prompt.target),  # what a failing `assert ans == T` shows (env/code_feedback.py)
             entry_point=None,
             timeout_s=5.0,
         )

@@ -136,6 +136,10 @@ class ProblemTask:
     def program(self, completion_ids: list[int]) -> str:
         return self.tok.decode(completion_ids, skip_special_tokens=True)
 
+    def turn_text(self, ids: list[int]) -> str:
+        """A multi-turn trajectory's turn as its environment reads it (rollout/turns.py)."""
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
     def text(self, ids: list[int]) -> str:
         """Token ids as the model saw or wrote them, special tokens included (the chat template's, the end
         id): a prompt or a completion in the run's samples.jsonl."""

@@ -24,6 +24,7 @@ import queue
 import threading
 import time
 import traceback
+from concurrent.futures import Future
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -115,7 +116,27 @@ class RewardPool:
             if self._closed:
                 raise RuntimeError("RewardPool.submit after close()")
             self._submitted += 1
-        self._jobs.put((sample_id, problem, completion_text))
+        self._jobs.put((sample_id, problem, completion_text, None))
+
+    def call(self, problem: Problem, completion_text: str, timeout: float | None = None) -> RewardResult:
+        """Score one completion and wait for its result, beside the stream: the result goes to this
+        caller only, never to results() or poll(). Thread-safe (environments call it from their worker
+        threads while the loop streams samples: env/). Queued behind the jobs already submitted."""
+        fut: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("RewardPool.call after close()")
+        self._jobs.put((None, problem, completion_text, fut))
+        return fut.result(timeout)
+
+    def run_program(self, code: str, timeout_s: float | None = None) -> RewardResult:
+        """Run a Python program in the sandbox for what it prints (a tool call: env/tool_calls.py),
+        with the sandbox's limits; `output_tail` holds its output and any error, `status` how it ended
+        (passed: it ran to its end)."""
+        from megatron_rl.reward.problem import Problem
+
+        job = Problem(id="program", prompt="program", tests="assert True\n", timeout_s=timeout_s)
+        return self.call(job, code)
 
     @property
     def pending(self) -> int:
@@ -185,7 +206,7 @@ class RewardPool:
             item = self._jobs.get()
             if item is _STOP:
                 return
-            sample_id, problem, text = item
+            sample_id, problem, text, fut = item
             try:
                 if self._verifier is not None:
                     result = self._score_function(sample_id, problem, text)
@@ -200,7 +221,10 @@ class RewardPool:
                 result = RewardResult(
                     sample_id, 0.0, SANDBOX_ERROR, output_tail=traceback.format_exc()[-2000:]
                 )
-            self._done.put(result)
+            if fut is not None:  # call(): the result goes to its caller only
+                fut.set_result(result)
+            else:
+                self._done.put(result)
 
     def _score_sandboxed(self, sandbox: Sandbox, sample_id: Any, problem: Problem, text: str) -> RewardResult:
         if not problem.tests.strip() and not problem.io_tests:

@@ -22,8 +22,9 @@ MEMORY = "memory"  # ran out of its address-space limit
 SYNTAX_ERROR = "syntax_error"  # the extracted code does not compile
 NO_CODE = "no_code"  # no code could be extracted from the completion
 SANDBOX_ERROR = "sandbox_error"  # our side failed (sandbox died, malformed problem): not the sample's fault
+ENV_ERROR = "env_error"  # a multi-turn environment raised (env/types.py step_safely): the trajectory ended
 
-STATUSES = (PASSED, FAILED, TIMEOUT, CRASHED, MEMORY, SYNTAX_ERROR, NO_CODE, SANDBOX_ERROR)
+STATUSES = (PASSED, FAILED, TIMEOUT, CRASHED, MEMORY, SYNTAX_ERROR, NO_CODE, SANDBOX_ERROR, ENV_ERROR)
 
 # What it most likely means when (nearly) every sample of a run ends with one status: the cause a run
 # that cannot learn names (loop/record/signal.py). Each says what the samples did, then where to look.
@@ -39,6 +40,8 @@ LIKELY_CAUSE = {
     NO_CODE: "the completions hold no code block (ask for one with data.system_prompt, or start from a "
     "model that writes code)",
     SANDBOX_ERROR: "the sandbox itself fails, not the samples (log.txt says why)",
+    ENV_ERROR: "the multi-turn environment (rollout.env) raises on every trajectory (samples.jsonl keeps "
+    "each error)",
 }
 
 

@@ -4,7 +4,8 @@ Run every step on one published version: the engine's exact token ids go back th
 teacher-forced (in a batch that mixes versions -- partial rollouts continue samples drawn by an
 older one -- only the tokens of its newest version are compared, and the others are counted) (position t of the completion is predicted from prompt + completion[:t], the same
 alignment as the engine's per-token log-probs), and the two log-probs are compared token by token.
-A drift here is an engine/trainer mismatch (a wrong weight mapping, a stale prefix cache, a different
+In a multi-turn trajectory the generated tokens of every turn are compared, the
+observations' (the environment's, never sampled) are not. A drift here is an engine/trainer mismatch (a wrong weight mapping, a stale prefix cache, a different
 sampling convention, precision); it silently biases every importance ratio built on the saved values.
 
 Reported (diff = trainer - engine, in nats; ratio = exp(diff) = p_trainer / p_engine per token):
@@ -56,8 +57,11 @@ def compare(
             )
         d = t - torch.tensor(s.logprobs, dtype=torch.float64)
         same = torch.tensor([v == newest for v in s.versions], dtype=torch.bool)
-        older += int((~same).sum())
-        d = d[same]  # another version's tokens measure drift between versions, not the engine/trainer match
+        generated = torch.tensor(s.generated_mask, dtype=torch.bool)
+        older += int((~same & generated).sum())
+        # another version's tokens measure drift between versions, not the engine/trainer match; a multi-turn
+        # observation's tokens (mask 0) were never sampled, so the engine holds no log-prob of them
+        d = d[same & generated]
         diffs.append(d)
         per_seq_max.append(d.abs().max().item() if d.numel() else 0.0)
     d_all = torch.cat(diffs)
@@ -72,7 +76,7 @@ def compare(
     return dict(
         version=newest,
         sequences=len(engine_samples),
-        tokens=int(d_all.numel()),
+        tokens=int(d_all.numel()),  # compared: the newest version's generated tokens
         older_version_tokens=older,
         threshold=threshold,
         mean_abs_diff=stat(d.abs().mean() if have else None),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from megatron_rl.rollout.types import Partial, Sample
+from megatron_rl.rollout.types import Partial, Sample, token_digest
 
 
 class Stream(Iterator[Sample]):
@@ -63,6 +63,9 @@ def to_sample(out, r: Partial, tokens: list[int], logprobs: list[float], version
         raise RuntimeError(f"request {out.request_id} ended with finish reason {reason!r} (aborted?)")
     versions = list(r.versions) + [version] * len(tokens)
     first = versions[0] if versions else version
+    # The engine's own view: the context it reports it ran (prompt and tokens held) and what it added
+    ran = getattr(out, "prompt_token_ids", None)
+    spans = [(len(r.token_ids) + len(tokens), token_digest(list(ran) + tokens))] if ran is not None else None
     return Sample(
         prompt_index=r.prompt_index,
         sample_index=r.sample_index,
@@ -73,4 +76,5 @@ def to_sample(out, r: Partial, tokens: list[int], logprobs: list[float], version
         truncated=reason == "length",
         version=first,
         token_versions=versions if any(v != first for v in versions) else None,
+        engine_spans=spans,
     )

@@ -100,8 +100,22 @@ class Sample:
     # Routing replay (algorithm.routing_replay): the engine's top-k experts per fed position and MoE layer,
     # [prompt + completion - 1, layers, k] uint8 (rollout/routes.py); None otherwise.
     routes: torch.Tensor | None = None
+    # Multi-turn (rollout.env: rollout/turns.py): 1 on tokens the model generated, 0 on the environment's
+    # observations (context, never trained); None: every completion token was generated.
+    loss_mask: list[int] | None = None
+    turns: int = 1
+    env_seconds: float = 0.0  # time the trajectory's environment spent on its turns
+    # The engine's own view, per turn: (completion tokens up to the turn's end, digest of the context the
+    # engine reports it ran plus the turn's output). `token_exact` checks the trainer's ids against it.
+    engine_spans: list[tuple[int, str]] | None = None
+    error: str = ""  # an environment's error that ended the trajectory (status env_error)
 
     def __post_init__(self) -> None:
+        if self.loss_mask is not None and len(self.loss_mask) != len(self.token_ids):
+            raise ValueError(
+                f"sample ({self.prompt_index}, {self.sample_index}): a loss mask of {len(self.loss_mask)} for "
+                f"{len(self.token_ids)} tokens"
+            )
         if self.routes is not None and self.routes.shape[0] != len(self.prompt_ids) + len(self.token_ids) - 1:
             raise ValueError(
                 f"sample ({self.prompt_index}, {self.sample_index}): routes for {self.routes.shape[0]} positions, "
@@ -137,6 +151,40 @@ class Sample:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def generated_mask(self) -> list[int]:
+        """1 on each completion token the model generated, 0 on observations (multi-turn)."""
+        return list(self.loss_mask) if self.loss_mask is not None else [1] * len(self.token_ids)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(self.loss_mask) if self.loss_mask is not None else len(self.token_ids)
+
+    @property
+    def observation_tokens(self) -> int:
+        return len(self.token_ids) - self.generated_tokens
+
+
+def token_digest(ids: Sequence[int]) -> str:
+    """A digest of a token-id sequence (the engine's view of a turn: Sample.engine_spans)."""
+    import hashlib
+    import struct
+
+    return hashlib.blake2b(struct.pack(f"<{len(ids)}q", *ids), digest_size=16).hexdigest()
+
+
+def token_exact(sample: Sample, trained_ids: Sequence[int]) -> bool:
+    """True when `trained_ids` (what the trainer scores: the prompt and completion) hold, at every turn's
+    end, exactly the ids the engine reported it ran and produced; False for a sample with no record of
+    the engine's view (fail closed: what cannot be shown exact is not)."""
+    if not sample.engine_spans:
+        return False
+    p = sample.prompt_len
+    return all(
+        end <= len(trained_ids) - p and token_digest(list(trained_ids[: p + end])) == digest
+        for end, digest in sample.engine_spans
+    )
 
 
 def _check_versions(versions: Sequence[int], tokens: int, prompt_index: int, sample_index: int) -> None:

@@ -411,6 +411,35 @@ class VLLMEngine:
                 tokens_per_s=tokens / seconds if seconds > 0 else float("nan"),
             )
 
+    # ---- turn by turn (rollout/turns.py): requests added while others run -------------------
+    def open_turns(self) -> None:
+        """Start a turn-scheduled call: no other stream may run until `close_turns`."""
+        self._check_ready()
+        self._streaming = True
+        self._calls += 1
+
+    def close_turns(self, unfinished: Sequence[str] = ()) -> None:
+        if unfinished:
+            self._engine.abort_request(sorted(unfinished))
+        self._streaming = False
+
+    def add_turn(self, rid: str, ids: Sequence[int], max_tokens: int, seed: int) -> None:
+        """Queue one turn: generate up to `max_tokens` after the context `ids` (the whole trajectory so
+        far: prompt, earlier turns and observations, as token ids)."""
+        with preserved_rng():
+            prompt = {"prompt_token_ids": [int(t) for t in ids]}
+            renderer = getattr(self._engine, "renderer", None)
+            rendered = renderer.render_cmpl([prompt])[0] if renderer is not None else prompt
+            self._engine.add_request(rid, rendered, self._params(self.sampling, max_tokens, seed))
+
+    def busy(self) -> bool:
+        return self._engine.has_unfinished_requests()
+
+    def step_turns(self) -> list:
+        """One engine step; the turns it finished (vLLM RequestOutputs, whole: FINAL_ONLY)."""
+        with preserved_rng():
+            return [out for out in self._engine.step() if out.finished]
+
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSettings | None = None):
         """All samples, ordered by (prompt, sample): the blocking form of generate_stream."""
         out = list(self.generate_stream(prompts, n, sampling))

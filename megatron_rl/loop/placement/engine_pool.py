@@ -40,7 +40,7 @@ def serve(run, procs, records) -> int:
         engine = components.build_engine(run, procs, records.dir)
         engine_index, is_leader = components.engine_role(procs)
         task = components.build_task(run)
-        pool = components.build_reward_pool(run, is_leader)
+        pool = components.build_reward_pool(run, is_leader, task)
         publisher = components.build_publisher(run, procs, engine)
         refusals = components.build_refusals(run, publisher)
         prober = components.build_prober(run, procs, records.timer, engine=engine)

@@ -95,6 +95,7 @@ def kept_samples(step: int, samples: list[Sample], task, count: int) -> list[dic
             "finish_reason": s.finish_reason,
             "completion_tokens": len(s.token_ids),
             "version": s.version,
+            **({"turns": s.turns, "error": s.error} if s.loss_mask is not None else {}),
             "prompt": task.text(s.prompt_ids),
             "completion": task.text(s.token_ids),
         }
@@ -114,13 +115,36 @@ def completion_stats(samples: list[Sample]) -> dict:
     }
 
 
+def turn_stats(samples: list[Sample], exact: bool) -> dict:
+    """Multi-turn figures of the step (single-turn: one turn each, no environment): turns per trajectory,
+    seconds the environments spent (summed over trajectories: they run in parallel, so this is work, not
+    the step's wall time), the share of the trained sequences' tokens that came from observations, and
+    `token_exact`: whether every trained sample's ids are the ones its engine produced, turn by turn."""
+    turns = [s.turns for s in samples]
+    every = sum(len(s.prompt_ids) + len(s.token_ids) for s in samples)
+    return {
+        "turns_mean": _mean([float(t) for t in turns]),
+        "turns_max": max(turns, default=0),
+        "env_seconds": float(sum(s.env_seconds for s in samples)),
+        "env_token_fraction": sum(s.observation_tokens for s in samples) / every if every else 0.0,
+        "token_exact": bool(exact),
+    }
+
+
 def step_metrics(
-    samples: list[Sample], stats: CollectStats, agreement: dict, train: list[dict], publication, run, spec
+    samples: list[Sample],
+    stats: CollectStats,
+    agreement: dict,
+    train: list[dict],
+    publication,
+    run,
+    spec,
+    exact: bool = False,
 ) -> dict:
     """The step's record (`run`: the run's records, loop/record/records.py; `spec`: the model's, for the
-    trainer's FLOPs)."""
+    trainer's FLOPs; `exact`: the trainer's token check, loop/step/rl_batch.py `tokens_exact`)."""
     rewards = [s.reward for s in samples]
-    gen_tokens = sum(len(s.token_ids) for s in samples)
+    gen_tokens = sum(s.generated_tokens for s in samples)
     m = sum(rewards) / len(rewards)
     phases_now = run.timer.stats
     gen_s = phases_now.get("generation").seconds if "generation" in phases_now else stats.generation_s
@@ -145,9 +169,11 @@ def step_metrics(
             "statuses": dict(Counter(s.status for s in samples)),
             "flat_group_fraction": flat_group_fraction(samples),
         },
+        **turn_stats(samples, exact),
         "tokens": {
             "generated": gen_tokens,
             "trained": gen_tokens,
+            "observation": sum(s.observation_tokens for s in samples),
             "truncated_fraction": _mean([float(s.truncated) for s in samples]),
         },
         **completion_stats(samples),

@@ -135,16 +135,26 @@ def generate_and_score(
     pending: dict[tuple[int, int], object] = {}
     t0 = time.perf_counter()
     finished: list[float] = []
+    # Multi-turn (rollout.env): the turn scheduler that wraps the pool drives each trajectory's turns and
+    # grades it through its environment; its samples come scored (rollout/turns.py).
+    turns = getattr(pool, "multi_turn", False)
+    scored_now: dict[tuple[int, int], Sample] = {}
     with timer.phase("generation"):
-        stream = engine.generate_requests(requests, call_id=call_id, keep_partial=partial)
+        if turns:
+            stream = pool.stream(engine, requests, prompts, call_id)
+        else:
+            stream = engine.generate_requests(requests, call_id=call_id, keep_partial=partial)
         for s in stream if not quota.full else ():
             quota.add(s.prompt_index)
             finished.append(time.perf_counter() - t0)
-            stats.generated_tokens += len(s.token_ids) - held[(s.prompt_index, s.sample_index)]
+            stats.generated_tokens += s.generated_tokens - held[(s.prompt_index, s.sample_index)]
             if is_leader:
                 key = (global_index[s.prompt_index], s.sample_index)
-                pending[key] = s
-                pool.submit(key, task.problem(prompts[s.prompt_index]), task.program(s.token_ids))
+                if turns:
+                    scored_now[key] = s
+                else:
+                    pending[key] = s
+                    pool.submit(key, task.problem(prompts[s.prompt_index]), task.program(s.token_ids))
             if quota.full:
                 break
         stream.close()  # aborts what still runs; every rank of the engine stops at the same sample
@@ -158,13 +168,16 @@ def generate_and_score(
     t1 = time.perf_counter()
     results = {}
     with timer.phase("scoring"):
-        for r in pool.results():
+        for r in pool.results() if not turns else ():
             results[r.sample_id] = r
     stats.scoring_tail_s += time.perf_counter() - t1
     for name in ("generation", "scoring"):
         if name in getattr(timer, "stats", {}):
             stats.mem_gib[name] = max(stats.mem_gib.get(name, 0.0), timer.stats[name].mem_gib)
     scored: dict[int, list[Sample]] = {i: [replace(x) for x in g.finished] for i, g in carried.items()}
+    for s in scored_now.values():
+        stats.scoring_busy_s += s.env_seconds
+        scored.setdefault(s.prompt_index, []).append(s)
     for key, s in pending.items():
         r = results[key]
         stats.scoring_busy_s += r.seconds

@@ -72,14 +72,21 @@ def build_task(run: Run):
         from megatron_rl.data.synthetic import ArithmeticTask
 
         d = cfg.data
-        return ArithmeticTask(seed=d.seed, tail_share=d.tail_share, short_answer_tokens=d.short_answer_tokens)
+        return ArithmeticTask(
+            seed=d.seed,
+            tail_share=d.tail_share,
+            short_answer_tokens=d.short_answer_tokens,
+            hidden_target=d.hidden_target,
+        )
     from megatron_rl.data.task import ProblemTask
 
     return ProblemTask.from_config(cfg)
 
 
-def build_reward_pool(run: Run, is_leader: bool):
-    """A share of the reward pool on each engine leader (the only ranks that submit samples)."""
+def build_reward_pool(run: Run, is_leader: bool, task=None):
+    """A share of the reward pool on each engine leader (the only ranks that submit samples). With
+    `rollout.env`, wrapped in the turn scheduler that drives each trajectory's turns and grades them
+    through its environment (rollout/turns.py), on `task`'s problems and tokenizer."""
     from dataclasses import replace
 
     from megatron_rl.reward.pool import RewardPool
@@ -87,7 +94,33 @@ def build_reward_pool(run: Run, is_leader: bool):
     if not is_leader:
         return None
     reward = run.recipe.reward
-    return RewardPool(replace(reward, workers=max(1, reward.workers // run.layout.engine_count)))
+    pool = RewardPool(replace(reward, workers=max(1, reward.workers // run.layout.engine_count)))
+    if not run.recipe.rollout.env:
+        return pool
+    return build_turns(run, task, pool)
+
+
+def build_turns(run: Run, task, pool):
+    """The engine leader's turn scheduler: the recipe's environment on the reward pool, observations
+    rendered through the task's chat template (or its own encoding), a thread per concurrent episode."""
+    from megatron_rl.env.render import ChatRenderer, PlainRenderer
+    from megatron_rl.env.resolve import environment_class
+    from megatron_rl.env.types import EnvContext
+    from megatron_rl.rollout.turns import TurnScheduler, TurnSettings
+
+    ro = run.recipe.rollout
+    env = environment_class(ro.env)(EnvContext(pool, task, ro.max_turns))
+    tok = task.tok
+    if getattr(tok, "chat_template", None):
+        renderer = ChatRenderer(tok, run.sampling.stop_token_ids)
+    elif hasattr(tok, "vocab_size") and not hasattr(tok, "apply_chat_template"):  # the task's own characters
+        renderer = PlainRenderer(tok.encode)
+    else:
+        renderer = PlainRenderer(lambda text: tok.encode(text, add_special_tokens=False))
+    settings = TurnSettings(ro.max_turns, ro.turn_max_tokens, ro.observation_max_tokens)
+    # Episodes mostly wait on their sandbox: a few threads per sandbox keep every sandbox busy.
+    groups = run.recipe.data.prompts_per_step * ro.samples_per_prompt // run.layout.engine_count
+    return TurnScheduler(pool, env, task, renderer, settings, workers=min(max(4, 2 * pool.workers), max(groups, 1)))
 
 
 def build_publisher(run: Run, procs: Processes, engine):
@@ -170,7 +203,9 @@ def build_colocated(run: Run, procs: Processes, log_: RunLog, policy, reference)
         partial(build_engine, run, procs, log_.dir), policy.optimizer, policy.ddp, reference, log_.note_memory
     )
     index, leader = engine_role(procs)
-    return EngineSide(timeshare, timeshare.engine, index, leader, build_reward_pool(run, leader))
+    # with rollout.env, the engine leader's own task: its environment reads problems and the tokenizer
+    task = build_task(run) if leader and run.recipe.rollout.env else None
+    return EngineSide(timeshare, timeshare.engine, index, leader, build_reward_pool(run, leader, task))
 
 
 def build_feed(

@@ -20,9 +20,12 @@ from megatron_rl.algorithms import group_advantages, loss_normalizer, overlong_p
 from megatron_rl.rollout.types import Sample
 
 
-def shaped_rewards(samples: list[Sample], algo, max_new_tokens: int) -> torch.Tensor:
-    """Rewards [G], with the over-long length penalty added when the recipe asks for it."""
+def shaped_rewards(samples: list[Sample], algo, max_new_tokens: int, turn_penalty: float = 0.0) -> torch.Tensor:
+    """Rewards [G], with the over-long length penalty added when the recipe asks for it, and with
+    `rollout.turn_penalty` (multi-turn shaping, off at 0) taken off for each turn after the first."""
     r = torch.tensor([s.reward for s in samples], dtype=torch.float32, device="cpu")
+    if turn_penalty:
+        r = r - turn_penalty * torch.tensor([s.turns - 1 for s in samples], dtype=torch.float32, device="cpu")
     if algo.overlong == "penalty" and algo.overlong_penalty_tokens > 0:
         lengths = torch.tensor([len(s.token_ids) for s in samples], dtype=torch.float32, device="cpu")
         r = r + overlong_penalty(lengths, max_new_tokens, algo.overlong_penalty_tokens)
@@ -48,25 +51,37 @@ def loss_mask_keep(samples: list[Sample], algo) -> list[float]:
 
 
 def global_normaliser(samples: list[Sample], indices: list[int], keep: list[float], mode: str) -> float:
-    """The minibatch's loss denominator over all DP ranks (tokens or sequences with a valid token)."""
+    """The minibatch's loss denominator over all DP ranks (tokens or sequences with a valid token): the
+    tokens the model generated, a multi-turn trajectory's observations left out."""
     lengths = [len(samples[i].token_ids) if keep[i] else 0 for i in indices]
     mask = torch.zeros(len(indices), max(max(lengths, default=1), 1), device="cpu")
-    for b, n in enumerate(lengths):
-        mask[b, :n] = 1.0
+    for b, (i, n) in enumerate(zip(indices, lengths)):
+        if n:
+            mask[b, :n] = torch.tensor(samples[i].generated_mask, dtype=torch.float32, device="cpu")
     return float(loss_normalizer(mask, mode))
 
 
 def kl_sums(
-    old: dict[int, torch.Tensor], ref: dict[int, torch.Tensor], estimator: str, dp_cpu_group=None
+    old: dict[int, torch.Tensor],
+    ref: dict[int, torch.Tensor],
+    estimator: str,
+    dp_cpu_group=None,
+    samples: list[Sample] | None = None,
 ) -> dict:
-    """Per-sample sum of the KL estimate (policy vs reference) over its tokens, for every sample of the
+    """Per-sample sum of the KL estimate (policy vs reference) over its generated tokens (a multi-turn
+    trajectory's observations are not the policy's: `samples` gives their masks), for every sample of the
     step (each DP rank computed its own samples; they are exchanged as host objects over the DP group's
     gloo twin, `Processes.dp_cpu_group`)."""
     import torch.distributed as dist
 
     from megatron_rl.algorithms import kl_estimate
 
-    local = {i: float(kl_estimate(old[i], ref[i], estimator).sum()) for i in old}
+    def mask(i: int) -> torch.Tensor | float:
+        if samples is None or samples[i].loss_mask is None:
+            return 1.0
+        return torch.tensor(samples[i].loss_mask, dtype=torch.float32, device="cpu")
+
+    local = {i: float((kl_estimate(old[i], ref[i], estimator) * mask(i)).sum()) for i in old}
     if dist.is_initialized() and dist.get_world_size(dp_cpu_group) > 1:
         parts: list[dict | None] = [None] * dist.get_world_size(dp_cpu_group)
         dist.all_gather_object(parts, local, group=dp_cpu_group)
@@ -75,10 +90,11 @@ def kl_sums(
 
 
 def advantages_with_kl(
-    samples, n: int, algo, max_new_tokens: int, kl_per_sample: dict | None
+    samples, n: int, algo, max_new_tokens: int, kl_per_sample: dict | None, turn_penalty: float = 0.0
 ) -> torch.Tensor:
-    """Group advantages; with `algorithm.kl_in_reward`, of rewards minus kl_coef x the sample's KL sum."""
-    rewards = shaped_rewards(samples, algo, max_new_tokens)
+    """Group advantages over whole trajectories (one reward each); with `algorithm.kl_in_reward`, of
+    rewards minus kl_coef x the sample's KL sum."""
+    rewards = shaped_rewards(samples, algo, max_new_tokens, turn_penalty)
     if kl_per_sample is not None:
         rewards = rewards - algo.kl_coef * torch.tensor(
             [kl_per_sample[i] for i in range(len(samples))], device="cpu"
@@ -89,14 +105,20 @@ def advantages_with_kl(
 def minibatch_extras(
     samples, idx: list[int], adv, keep, old: dict, ref: dict
 ) -> dict[str, list[torch.Tensor]]:
-    """Per-completion-token tensors of a minibatch's samples, laid on the trainer's [B, T] grid."""
+    """Per-completion-token tensors of a minibatch's samples, laid on the trainer's [B, T] grid. `keep`
+    is 0 on a multi-turn trajectory's observation tokens: the loss covers what the model generated."""
 
     def per_token(i: int, value: float) -> torch.Tensor:
         return torch.full((len(samples[i].token_ids),), float(value), device="cpu")
 
+    def kept(i: int) -> torch.Tensor:
+        if samples[i].loss_mask is None:
+            return per_token(i, keep[i])
+        return torch.tensor(samples[i].loss_mask, dtype=torch.float32, device="cpu") * float(keep[i])
+
     extras = {
         "adv": [per_token(i, adv[i]) for i in idx],
-        "keep": [per_token(i, keep[i]) for i in idx],
+        "keep": [kept(i) for i in idx],
         "rollout": [torch.tensor(samples[i].logprobs, device="cpu") for i in idx],
     }
     if old:  # empty when the update's own forward stands in for them (algorithms/old_policy.py)
@@ -167,3 +189,18 @@ def share_agreement(
     from megatron_rl.rollout.logprob_check import compare
 
     return compare([samples[i] for i in idx], trainer_logprobs, threshold, version)
+
+
+def tokens_exact(samples: list[Sample], trained: dict[int, list[int]], cpu_group=None) -> bool:
+    """True when, on every trainer rank, every sample's trained ids (`trained`: sample index -> the ids this
+    rank gave the trainer) equal what its engine reported it ran and produced at each turn
+    (rollout/types.py `token_exact`). A rank with no sample to check counts as exact; a sample without the
+    engine's record does not."""
+    import torch.distributed as dist
+
+    from megatron_rl.rollout.types import token_exact
+
+    ok = torch.tensor([float(all(token_exact(samples[i], ids) for i, ids in trained.items()))], device="cpu")
+    if dist.is_initialized() and dist.get_world_size(cpu_group) > 1:
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=cpu_group)
+    return bool(ok.item() == 1.0)
