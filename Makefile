@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo demo-hf test test-quick test-unit test-dist test-integration lint format venv system prereqs clean
+.PHONY: demo demo-hf demo-multiturn test test-quick test-unit test-dist test-integration lint format venv system prereqs clean
 
 # Every prerequisite (system packages, a Python that can build .venv, disk) before anything is built:
 # missing ones are installed when this user may (root with apt-get), else one line says what to run.
@@ -39,6 +39,12 @@ demo: prereqs $(STAMP)
 # tokenizer and chat template, end-of-sequence stops, the sandbox, checkpoints (export: megatron-rl export).
 demo-hf: prereqs $(STAMP)
 	MEGATRON_RL_RUN_NAME=grpo_tiny_hf_cpu-$$(date +%Y%m%d-%H%M%S) $(BIN)/megatron-rl run grpo_tiny_hf_cpu
+
+# Multi-turn rollouts with execution feedback (recipes/grpo_tiny_multiturn_cpu.yaml): the prompt hides the
+# target, the sandbox's feedback tells it, and the policy learns to use it; observations are appended as
+# tokens and never trained on.
+demo-multiturn: prereqs $(STAMP)
+	MEGATRON_RL_RUN_NAME=grpo_tiny_multiturn_cpu-$$(date +%Y%m%d-%H%M%S) $(BIN)/megatron-rl run grpo_tiny_multiturn_cpu
 
 # Two pytest-xdist workers: one launched run keeps about 1.2 of 2 cores busy. Tests sharing a launched run
 # stay on one worker (tests/conftest.py); TEST_WORKERS=0 runs everything in this process.

@@ -46,6 +46,7 @@ from megatron_rl.loop.step.rl_batch import (
     kl_sums,
     loss_mask_keep,
     minibatch_extras,
+    mismatch_message,
     scored,
     share_agreement,
     tokens_exact,
@@ -120,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         #    algorithm.routing_replay: every forward uses the experts the engine routed each token to.
         plan = assign(len(samples), procs.state.dp, algo.minibatches, cfg.seed, step)
         mine = sorted(i for minibatch in plan for i in minibatch[procs.state.dp_rank])
+        # Token in, token out: the ids this rank scores and trains on must be those its engines ran and
+        # produced, turn by turn (a re-encoded turn would train on text the policy never wrote). Checked
+        # over every trainer rank before anything uses them; a mismatch ends the run before the update.
+        trained = {i: samples[i].sequence for i in mine}
+        exact = tokens_exact(samples, trained, procs.cpu_group)
+        if not exact:
+            raise RuntimeError(mismatch_message(step + 1, samples, trained))
         replay = algo.routing_replay
         source = old_policy.source(algo.old_logprobs, algo.minibatches, algo.kl_in_reward, algo.kl_coef)
         old, ref, agreement = {}, {}, None
@@ -135,23 +143,25 @@ def main(argv: list[str] | None = None) -> int:
 
         # 3. group-relative advantages (the KL folded into the rewards when the recipe says so)
         #    over whole trajectories: a multi-turn sample is one trajectory with one reward (rollout/turns.py)
-        kl = kl_sums(old, ref, algo.kl_estimator, procs.dp_cpu_group, samples) if algo.kl_in_reward and ref else None
+        kl = (
+            kl_sums(old, ref, algo.kl_estimator, procs.dp_cpu_group, samples)
+            if algo.kl_in_reward and ref
+            else None
+        )
         adv = advantages_with_kl(samples, ro.samples_per_prompt, algo, ro.max_new_tokens, kl, ro.turn_penalty)
         keep = loss_mask_keep(samples, algo)
 
         # 4. k minibatches, one optimizer step each. Without a recompute, the first minibatch's forward
         #    (before any update) gives the engine-vs-trainer agreement of its samples. The loss covers the
         #    tokens the model generated; a multi-turn trajectory's observations are context (minibatch_extras).
-        train_metrics, trained_ids = [], {}
+        train_metrics = []
         for minibatch in plan:
             idx = minibatch[procs.state.dp_rank]
             everyone = [i for rank_share in minibatch for i in rank_share]
             normaliser = global_normaliser(samples, everyone, keep, algo.loss_agg)
             loss_fn = grpo_loss_fn(algo, ro.max_new_tokens, normaliser, source == old_policy.UPDATE)
-            ids = [samples[i].sequence for i in idx]
-            trained_ids.update(zip(idx, ids))
             out = policy.train_step(
-                ids,
+                [trained[i] for i in idx],
                 [samples[i].prompt_len for i in idx],
                 loss_fn,
                 extras=minibatch_extras(samples, idx, adv, keep, old, ref),
@@ -174,8 +184,6 @@ def main(argv: list[str] | None = None) -> int:
         agreement["version_lag"] = feed.lag_of(agreement["version"], step)
         agreement["problems"] = step_problems(agreement, run.thresholds, procs.cpu_group)
         halt = refusals.after_step(step, agreement["version"], agreement["problems"])
-        # token in, token out: the ids the trainer trained on are those its engines ran and produced
-        exact = tokens_exact(samples, trained_ids, procs.cpu_group)
         metrics = step_metrics(samples, stats, agreement, train_metrics, publication, log, run.spec, exact)
         extra = {"sampling_rounds": rounds, "old_logprobs": source, "version_lag": lag}
         extra["rollout_wait_s"] = feed.take_wait()  # separated: the trainer idle, waiting on the engines

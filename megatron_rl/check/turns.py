@@ -24,7 +24,11 @@ def environment(run) -> list[Problem]:
     ro, d = cfg.rollout, cfg.data
     if not ro.env:
         if ro.max_turns > 1:
-            out.append(_problem(run, "rollout.max_turns", "> 1 needs an environment to answer the turns: set rollout.env"))
+            out.append(
+                _problem(
+                    run, "rollout.max_turns", "> 1 needs an environment to answer the turns: set rollout.env"
+                )
+            )
         if d.hidden_target:
             out.append(
                 _problem(
@@ -40,7 +44,11 @@ def environment(run) -> list[Problem]:
     except ValueError as e:
         out.append(_problem(run, "rollout.env", str(e)))
     if ro.env == "expression_feedback" and d.source != "synthetic":
-        out.append(_problem(run, "rollout.env", "expression_feedback is the synthetic task's; set data.source=synthetic"))
+        out.append(
+            _problem(
+                run, "rollout.env", "expression_feedback is the synthetic task's; set data.source=synthetic"
+            )
+        )
     if d.hidden_target and d.source != "synthetic":
         out.append(_problem(run, "data.hidden_target", "applies to data.source=synthetic only"))
     if ro.partial:

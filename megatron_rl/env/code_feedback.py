@@ -25,7 +25,8 @@ def clipped(text: str, limit: int) -> str:
 
 
 class CodeFeedback:
-    """Each turn graded in the sandbox; the failures are the next observation."""
+    """Each turn graded in the sandbox; the failures are the next observation. The trajectory's reward
+    is its last turn's."""
 
     def __init__(self, ctx: EnvContext):
         self.ctx = ctx
@@ -34,7 +35,9 @@ class CodeFeedback:
         return _CodeEpisode(self, problem)
 
     def feedback(self, result, turn: Turn, problem=None) -> str:
-        counted = f", {result.tests_passed} of {result.tests_total} tests passed" if result.tests_total else ""
+        counted = (
+            f", {result.tests_passed} of {result.tests_total} tests passed" if result.tests_total else ""
+        )
         report = clipped(result.output_tail.strip(), self.ctx.observation_max_chars)
         return (
             f"Your program did not pass ({result.status}{counted}).\n{report}\n"
@@ -53,7 +56,9 @@ class _CodeEpisode:
         result = self.env.ctx.pool.call(self.problem, self.env.program(turn))
         done = result.status == PASSED or turn.last
         observation = "" if done else self.env.feedback(result, turn, self.problem)
-        return StepResult(observation, result.reward, done, result.status, info={"tests": result.tests_passed})
+        return StepResult(
+            observation, result.reward, done, result.status, info={"tests": result.tests_passed}
+        )
 
 
 class ExpressionFeedback(CodeFeedback):

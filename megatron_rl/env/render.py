@@ -72,7 +72,9 @@ class ChatRenderer:
 
     def _apply(self, messages: list[dict], generation_prompt: bool) -> str:
         try:
-            return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+            return self.tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=generation_prompt
+            )
         except Exception as e:  # jinja2 errors: a template that refuses the role
             raise ValueError(f"the chat template refused a {messages[-1]['role']!r} message ({e})") from None
 

@@ -27,7 +27,9 @@ def environment_class(name: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"rollout.env={name!r}: cannot import {module_name!r} ({e}); is it on PYTHONPATH?") from None
+        raise ValueError(
+            f"rollout.env={name!r}: cannot import {module_name!r} ({e}); is it on PYTHONPATH?"
+        ) from None
     cls = getattr(module, cls_name, None)
     if cls is None:
         raise ValueError(f"rollout.env={name!r}: module {module_name!r} has no {cls_name!r}")

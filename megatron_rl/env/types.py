@@ -83,9 +83,13 @@ def step_safely(episode: Episode, turn: Turn) -> StepResult:
     try:
         result = episode.step(turn)
         if not isinstance(result, StepResult):
-            raise TypeError(f"{type(episode).__name__}.step returned {type(result).__name__}, not a StepResult")
+            raise TypeError(
+                f"{type(episode).__name__}.step returned {type(result).__name__}, not a StepResult"
+            )
         if not isinstance(result.observation, str):
-            raise TypeError(f"{type(episode).__name__}.step's observation is a {type(result.observation).__name__}, not text")
+            raise TypeError(
+                f"{type(episode).__name__}.step's observation is a {type(result.observation).__name__}, not text"
+            )
         reward = float(result.reward)
         if reward != reward:
             raise ValueError(f"{type(episode).__name__}.step returned a NaN reward")

@@ -54,6 +54,9 @@ class Workload:
     seconds_per_sample: float  # scoring, in one core of the pool
     pool_cores: int
     steps: int  # the run's steps (the recipe's `steps`)
+    # Multi-turn (rollout.env): turns per trajectory, each graded by its environment in the pool (the
+    # planner takes rollout.max_turns: a trajectory that passes early takes fewer). 1: single-turn.
+    turns: int = 1
 
     @property
     def samples(self) -> int:
@@ -203,6 +206,7 @@ def inputs_from_run(run) -> PlanInputs:
         seconds_per_sample=recipe.reward.seconds_per_sample,
         pool_cores=recipe.reward.pool_cores,
         steps=recipe.steps,
+        turns=r.max_turns if r.env else 1,
     )
     hw = Hardware(
         nodes=c.nodes,

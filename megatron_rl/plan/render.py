@@ -141,6 +141,16 @@ def _generation(r: PlanReport) -> list[str]:
 
 def _scoring(r: PlanReport) -> list[str]:
     s, sec = r.scoring, r.seconds
+    turns = s.turns
+    if turns > 1:
+        return [
+            "",
+            "4. Environments and scoring (CPU pool), multi-turn",
+            f"   {count(r.tokens.sequences, 'trajectory', 'trajectories')} x {turns} turns -> {_f(s.core_seconds, 0)} core-s of "
+            f"environment runs in {count(s.waves, 'wave')}; a trajectory waits on its environment after every "
+            f"turn, so the engines sit idle {_f(sec.scoring_exposed)} s a step waiting on environments "
+            f"({_f(sec.scoring_hidden)} s of pool work overlap generation)",
+        ]
     return [
         "",
         "4. Scoring (CPU pool)",

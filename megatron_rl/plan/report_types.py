@@ -240,6 +240,7 @@ class Scoring:
     serial_s: float
     exposed_s: float
     hidden_s: float
+    turns: int = 1  # multi-turn: environment runs per trajectory (plan/scoring.py)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,13 @@ completions finish between the end of prefill (t0) and the end of the bulk decod
 them as arriving evenly over that window, the pool is done with them at max(t1 + s, t0 + waves·s)
 (it either keeps up, or works off a backlog from t0 on). The longest completion finishes with
 generation and needs its own s. Whatever ends after generation is exposed; the rest is hidden.
+
+Multi-turn (rollout.env, `turns` T > 1): every turn of every trajectory is one environment run of s in
+the pool (T x N runs), and a trajectory's turns are sequential: each waits on its environment before
+the engine can take its next turn. The engines then sit idle at least T x s per step (one trajectory's
+chain of environment calls; more when the pool's T x N runs do not fit in the generation window), and
+that idle time is what is exposed. In a run it shows inside the generation phase
+(`generation.env_wait_s`); here it is the exposed part of scoring, where devices wait on CPUs.
 """
 
 from __future__ import annotations
@@ -19,6 +26,20 @@ from megatron_rl.plan.inputs import PlanInputs
 def scoring(inp: PlanInputs, gen: Generation) -> dict:
     w = inp.work
     s = w.seconds_per_sample
+    if w.turns > 1:
+        runs = w.samples * w.turns
+        waves = math.ceil(runs / w.pool_cores)
+        serial = waves * s
+        chain = w.turns * s  # one trajectory's environment calls, in turn
+        exposed = max(chain, serial - max(gen.wall_s - gen.prefill_s, 0.0)) if s > 0 else 0.0
+        return {
+            "core_seconds": runs * s,
+            "waves": waves,
+            "serial_s": serial,
+            "exposed_s": exposed,
+            "hidden_s": max(0.0, serial - exposed),
+            "turns": w.turns,
+        }
     waves = math.ceil(w.samples / w.pool_cores)
     serial = waves * s
     bulk_done = max(gen.bulk_end_s + s, gen.prefill_s + serial)
@@ -30,4 +51,5 @@ def scoring(inp: PlanInputs, gen: Generation) -> dict:
         "serial_s": serial,
         "exposed_s": exposed,
         "hidden_s": max(0.0, serial - exposed),
+        "turns": 1,
     }

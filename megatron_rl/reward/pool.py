@@ -24,8 +24,8 @@ import queue
 import threading
 import time
 import traceback
-from concurrent.futures import Future
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from megatron_rl.reward.extract import compose_program

@@ -90,6 +90,7 @@ class TurnStream:
 
     def __init__(self, sched: TurnScheduler, engine, requests: list[Partial], prompts: list, call_id: int):
         self.s, self.engine, self.call, self.cut = sched, engine, call_id, []
+        self.env_wait_s = 0.0  # the engine idle: no turn to generate, every trajectory with its environment
         self._gen = self._run(requests, prompts)
 
     def __iter__(self) -> TurnStream:
@@ -150,7 +151,9 @@ class TurnStream:
                 # Environments that answered: appended now; when only environments run, wait for one.
                 done = [f for f in env_calls if f.done()]
                 if not done and env_calls and not live:
+                    t_wait = time.perf_counter()
                     done = list(wait(list(env_calls), return_when=FIRST_COMPLETED)[0])
+                    self.env_wait_s += time.perf_counter() - t_wait
                 for f in done:
                     t = env_calls.pop(f)
                     result, truncated = f.result()

@@ -105,6 +105,49 @@ TRENDS = {
 }
 
 
+def turns_summary(records: list[dict], w: int) -> dict | None:
+    """Multi-turn figures (rollout.env; None for single-turn runs): turns per trajectory, environment
+    seconds, the observations' share of the trained tokens, token_exact over every step, and the share
+    solved at the first turn and after feedback, first window -> last."""
+    if not any((r.get("turns_max") or 0) > 1 or r.get("env_seconds") for r in records):
+        return None
+
+    def window(key: str) -> dict:
+        series = [r.get(key) for r in records]
+        return {"first": _mean(series[:w]), "last": _mean(series[-w:])}
+
+    exact = [r.get("token_exact") for r in records]
+    return {
+        "turns_mean": _mean([r.get("turns_mean") for r in records]),
+        "turns_max": max(r.get("turns_max") or 0 for r in records),
+        "env_seconds_per_step": _mean([r.get("env_seconds") for r in records]),
+        "env_token_fraction": _mean([r.get("env_token_fraction") for r in records]),
+        "token_exact_steps": sum(e is True for e in exact),
+        "steps": len(records),
+        "solved_first_turn": window("solved_first_turn"),
+        "solved_after_feedback": window("solved_after_feedback"),
+    }
+
+
+def turns_lines(t: dict | None) -> list[str]:
+    if not t:
+        return []
+    exact = (
+        "every step"
+        if t["token_exact_steps"] == t["steps"]
+        else f"{t['token_exact_steps']} of {t['steps']} steps"
+    )
+    a, f = t["solved_after_feedback"], t["solved_first_turn"]
+    pct = lambda x: "-" if x is None else f"{100 * x:.0f}%"  # noqa: E731
+    return [
+        f"multi-turn: {_f(t['turns_mean'], '{:.2f}')} turns per trajectory (max {t['turns_max']}); environments "
+        f"{_f(t['env_seconds_per_step'], '{:.2f}')} s per step (summed over trajectories); observations "
+        f"{pct(t['env_token_fraction'])} of the trained tokens; trainer ids = engine ids on {exact}",
+        f"solved at the first turn {pct(f['first'])} -> {pct(f['last'])}, after feedback {pct(a['first'])} -> "
+        f"{pct(a['last'])}",
+    ]
+
+
 def status_shares(records: list[dict]) -> dict[str, float]:
     """Each reward status's share of the samples of `records` (their `reward.statuses` counts), the
     most frequent first; {} when the records hold no statuses."""
@@ -156,6 +199,7 @@ def summarize(records: list[dict]) -> dict:
         "reward_pool": idle([_secs(r, "scoring") for r in steady]),
         "switch": idle([_get(r, "switch_seconds") for r in steady]),
         "publication": idle([_secs(r, "publish") + _secs(r, "probe") for r in steady]),
+        "environments": idle([_get(r, "generation", "env_wait_s") for r in steady]),
     }
     gen_s = sum(_secs(r, "generation") for r in steady)
     train_s = sum(_secs(r, "train_fwd_bwd") + _secs(r, "optimizer") for r in steady)
@@ -189,6 +233,7 @@ def summarize(records: list[dict]) -> dict:
         "wall": wall if overlapped else None,
         "idle": idle_time,
         "guard": guard_summary(records, total / len(steady) if steady else 0.0),
+        "turns": turns_summary(records, w),
         "throughput": {
             "generated_tokens_per_s": generated / gen_s if gen_s > 0 else None,
             "trained_tokens_per_s": trained / train_s if train_s > 0 else None,
@@ -313,13 +358,16 @@ def phase_lines(s: dict) -> list[str]:
             ("reward_pool", "on the reward pool"),
             ("switch", "on the trainer/engine switch"),
             ("publication", "on publication (its probe included)"),
+            ("environments", "on environments"),
         )
+        if key != "environments" or idle[key]["seconds_per_step"]  # multi-turn runs only
     ]
     return [
         f"per phase, seconds of the slowest rank ({_span(s)}):",
         *_table(rows),
         "idle per step: " + ", ".join(parts),
         *guard_lines(s.get("guard")),
+        *turns_lines(s.get("turns")),
     ]
 
 

@@ -144,6 +144,10 @@ class Progress:
         stop = record.get("stop_fraction")
         if stop is not None:
             parts.append(f"stop={stop:.2f}")
+        if (record.get("turns_max") or 0) > 1:  # multi-turn: turns per trajectory, solved after feedback
+            parts.append(
+                f"turns={record['turns_mean']:.2f} fixed={percent(record.get('solved_after_feedback', 0.0))}"
+            )
         parts += [f"{k}={percent(v)}" for k, v in list(status_shares([record]).items())[:2]]
         self.bar.set_description(" ".join(parts))
         self.bar.update(1)

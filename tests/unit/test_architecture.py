@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("algorithms", "reward"),  # pure tensor functions; grading in the sandbox
     ("data",),  # where problems and prompts come from
     ("models",),  # architectures, names, dtypes, checkpoints
+    ("env",),  # multi-turn environments: text in, observation and reward out
     ("rollout", "trainer", "reshard", "checkpoint"),  # engines; the megatron-core trainer; publication
     ("run",),  # a recipe resolved once into what a run is
     ("plan",),  # the capacity planner

@@ -128,6 +128,9 @@ def turn_stats(samples: list[Sample], exact: bool) -> dict:
         "env_seconds": float(sum(s.env_seconds for s in samples)),
         "env_token_fraction": sum(s.observation_tokens for s in samples) / every if every else 0.0,
         "token_exact": bool(exact),
+        # the share of trajectories that passed at their first turn, and at a later one (after feedback)
+        "solved_first_turn": _mean([float(s.status == "passed" and s.turns == 1) for s in samples]),
+        "solved_after_feedback": _mean([float(s.status == "passed" and s.turns > 1) for s in samples]),
     }
 
 
@@ -192,6 +195,8 @@ def step_metrics(
             "tail_s": sum(tails),
             "calls": len(tails),
             "seconds": sum(stats.call_s),
+            # multi-turn: the engine idle, every unfinished trajectory waiting on its environment
+            "env_wait_s": stats.env_wait_s,
             # rollout.partial: cut samples this batch continued, samples it cut (carried to the next), and
             # the trained tokens drawn by an earlier batch (with an older version than this batch's)
             "samples_continued": stats.continued_samples,

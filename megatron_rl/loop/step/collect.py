@@ -42,6 +42,8 @@ class CollectStats:
     # rollout.partial, over all engines: cut samples this batch continued, and samples it cut
     continued_samples: int = 0
     cut_samples: int = 0
+    # rollout.env: seconds the engine sat idle with every unfinished trajectory waiting on its environment
+    env_wait_s: float = 0.0
 
 
 class GroupQuota:
@@ -158,6 +160,7 @@ def generate_and_score(
             if quota.full:
                 break
         stream.close()  # aborts what still runs; every rank of the engine stops at the same sample
+    stats.env_wait_s += getattr(stream, "env_wait_s", 0.0)
     stats.generation_s += time.perf_counter() - t0
     stats.finish_s.append(finished)
     stats.call_s.append(time.perf_counter() - t0)

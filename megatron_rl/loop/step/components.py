@@ -109,7 +109,14 @@ def build_turns(run: Run, task, pool):
     from megatron_rl.rollout.turns import TurnScheduler, TurnSettings
 
     ro = run.recipe.rollout
-    env = environment_class(ro.env)(EnvContext(pool, task, ro.max_turns))
+    cls = environment_class(ro.env)
+    try:
+        env = cls(EnvContext(pool, task, ro.max_turns))
+    except Exception as e:
+        pool.close()
+        raise RuntimeError(
+            f"rollout.env={ro.env!r}: {cls.__name__}(EnvContext) raised {type(e).__name__}: {e}"
+        ) from e
     tok = task.tok
     if getattr(tok, "chat_template", None):
         renderer = ChatRenderer(tok, run.sampling.stop_token_ids)
@@ -120,7 +127,9 @@ def build_turns(run: Run, task, pool):
     settings = TurnSettings(ro.max_turns, ro.turn_max_tokens, ro.observation_max_tokens)
     # Episodes mostly wait on their sandbox: a few threads per sandbox keep every sandbox busy.
     groups = run.recipe.data.prompts_per_step * ro.samples_per_prompt // run.layout.engine_count
-    return TurnScheduler(pool, env, task, renderer, settings, workers=min(max(4, 2 * pool.workers), max(groups, 1)))
+    return TurnScheduler(
+        pool, env, task, renderer, settings, workers=min(max(4, 2 * pool.workers), max(groups, 1))
+    )
 
 
 def build_publisher(run: Run, procs: Processes, engine):

@@ -20,7 +20,9 @@ from megatron_rl.algorithms import group_advantages, loss_normalizer, overlong_p
 from megatron_rl.rollout.types import Sample
 
 
-def shaped_rewards(samples: list[Sample], algo, max_new_tokens: int, turn_penalty: float = 0.0) -> torch.Tensor:
+def shaped_rewards(
+    samples: list[Sample], algo, max_new_tokens: int, turn_penalty: float = 0.0
+) -> torch.Tensor:
     """Rewards [G], with the over-long length penalty added when the recipe asks for it, and with
     `rollout.turn_penalty` (multi-turn shaping, off at 0) taken off for each turn after the first."""
     r = torch.tensor([s.reward for s in samples], dtype=torch.float32, device="cpu")
@@ -204,3 +206,20 @@ def tokens_exact(samples: list[Sample], trained: dict[int, list[int]], cpu_group
     if dist.is_initialized() and dist.get_world_size(cpu_group) > 1:
         dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=cpu_group)
     return bool(ok.item() == 1.0)
+
+
+def mismatch_message(step: int, samples: list[Sample], trained: dict[int, list[int]]) -> str:
+    """The error that ends a run whose trainer ids differ from its engines' (`tokens_exact` False)."""
+    from megatron_rl.rollout.types import token_exact
+
+    bad = [i for i, ids in trained.items() if not token_exact(samples[i], ids)]
+    where = ""
+    if bad:
+        s = samples[bad[0]]
+        why = "no record of the engine's view" if not s.engine_spans else "ids that differ from it"
+        where = f" (sample {s.prompt_index}/{s.sample_index} of this rank: {why}; {len(bad)} on this rank)"
+    return (
+        f"step {step}: the trainer's token ids are not the ones the engines ran and produced{where}; training "
+        "on them would train on tokens the policy never wrote (re-encoded text, a dropped separator). The step "
+        "is not trained and the last checkpoint stays the newest: report it with outputs/<run>/log.txt"
+    )

@@ -125,3 +125,47 @@ def test_a_batch_over_the_token_budget_is_generated_whole_and_reproducibly(r):
     b = r["over_budget"]
     assert b["prompt_tokens"] > b["budget"], "the batch must not fit one scheduler step"
     assert b["samples"] == 96 and b["same"]
+
+
+# ---- multi-turn scheduling on the same engine (turn_checks.py) ------------------------------------
+
+
+def test_turns_interleave_a_trajectory_waiting_on_its_environment_holds_no_one_up(r):
+    calls = r["turns"]["calls"]
+    slow = next(c for c in calls if c[0] == [1, 2, 3, 4] and c[1] == 0 and c[3] - c[2] > 1.5)
+    _, _, began, ended, _ = slow
+    # while the slow environment call ran, other trajectories had later turns generated and answered
+    during = [c for c in calls if c[1] >= 1 and began < c[3] < ended]
+    assert len(during) >= 3, (slow, calls)
+
+
+def test_every_trajectory_holds_the_engines_ids_turn_by_turn(r):
+    for s in r["turns"]["samples"]:
+        assert s["exact"], s
+        assert not s["exact_if_reencoded"], s
+
+
+def test_the_engine_agrees_with_the_oracle_on_every_turns_generated_tokens(r):
+    for s in r["turns"]["samples"]:
+        assert s["max_gen_diff"] < TOL, s
+
+
+def test_observations_are_appended_as_tokens_and_masked_and_turns_are_capped(r):
+    for s in r["turns"]["samples"]:
+        if s["status"] == "env_error":
+            continue
+        assert s["turns"] == 3 and s["reward"] == 0.75, s  # the environment ends after the third turn
+        assert s["observation_ids"] == [11, 12, 13] * 2, s
+        assert all(n <= 5 for n in s["turn_lengths"][:1]), s  # rollout.turn_max_tokens=5 caps a turn
+
+
+def test_an_environment_that_raises_ends_its_trajectory_only(r):
+    failed = [s for s in r["turns"]["samples"] if s["status"] == "env_error"]
+    assert len(failed) == 1 and failed[0]["reward"] == 0.0 and "crashed on purpose" in failed[0]["error"]
+    assert sum(s["status"] != "env_error" for s in r["turns"]["samples"]) == 5
+
+
+def test_a_trajectory_at_its_cap_ends_truncated_and_a_closed_stream_frees_the_engine(r):
+    c = r["turns"]["capped"]
+    assert c["truncated"] and c["reason"] == "length" and c["tokens"] == 12, c
+    assert r["turns"]["after_close_busy"] is False and r["turns"]["after_close_generates"] == 3

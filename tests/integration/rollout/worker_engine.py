@@ -203,6 +203,11 @@ def main():
         same=[x.token_ids for x in first] == [x.token_ids for x in again],
     )
 
+    # Multi-turn: turns of many trajectories interleaved on this engine (turn_checks.py), under version 2 (sd0)
+    from tests.integration.rollout.turn_checks import turn_checks
+
+    r["turns"] = turn_checks(eng, m0)
+
     # Throughput (for the closing note): 16 prompts x 4 samples x 32 tokens, after one warm-up call.
     g = torch.Generator().manual_seed(0)
     bench = [torch.randint(0, SPEC.vocab_size, (16,), generator=g).tolist() for _ in range(16)]

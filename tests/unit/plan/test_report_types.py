@@ -148,7 +148,14 @@ def test_calibration_and_search_sections_follow_in_order():
 
 
 def test_a_section_refuses_a_key_it_has_no_field_for():
-    scoring = {"core_seconds": 1.0, "waves": 1, "serial_s": 1.0, "exposed_s": 0.5, "hidden_s": 0.5}
+    scoring = {
+        "core_seconds": 1.0,
+        "waves": 1,
+        "serial_s": 1.0,
+        "exposed_s": 0.5,
+        "hidden_s": 0.5,
+        "turns": 1,
+    }
     assert dataclasses.asdict(from_dict(Scoring, scoring)) == scoring
     with pytest.raises(TypeError, match="queue_s"):
         from_dict(Scoring, scoring | {"queue_s": 2.0})
