@@ -125,6 +125,7 @@ NUMERIC: dict[str, tuple] = {
     "rollout.turn_max_tokens": _ge(0, TOKENS),
     "rollout.observation_max_tokens": _ge(1, TOKENS),
     "rollout.turn_penalty": _ge(0, 1e3),
+    "rollout.env_timeout_s": _gt(0, DAY_S),
     "reward.workers": _ge(1, GPUS),
     "reward.timeout_s": _gt(0, DAY_S),
     "reward.memory_mb": _ge(16, 1 << 22),

@@ -43,6 +43,14 @@ def environment(run) -> list[Problem]:
         environment_class(ro.env)
     except ValueError as e:
         out.append(_problem(run, "rollout.env", str(e)))
+    if ro.env == "tool_calls" and cfg.reward.kind != "sandbox":
+        out.append(
+            _problem(
+                run,
+                "rollout.env",
+                f"tool_calls runs its python tool in the sandbox: it needs reward.kind=sandbox (got {cfg.reward.kind})",
+            )
+        )
     if ro.env == "expression_feedback" and d.source != "synthetic":
         out.append(
             _problem(

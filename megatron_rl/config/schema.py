@@ -188,6 +188,9 @@ class RolloutConfig:
     turn_max_tokens: int = 0
     observation_max_tokens: int = 256
     turn_penalty: float = 0.0
+    # An environment step (a turn's sandbox run, queued behind the others) that takes longer ends its
+    # trajectory with status env_error; the run goes on.
+    env_timeout_s: float = 600.0
 
 
 @dataclass

@@ -8,7 +8,9 @@ again (re-tokenising "a<|im_end|>" need not give the ids the engine sampled), an
 turn closer is not doubled: when the turn ended on its end token, the closer's text that token stands
 for is left out of the observation.
 
-A template that rewrites earlier turns when a message is added (some drop earlier reasoning) breaks
+The observation's own text is encoded as text: special-token strings in it (a program printing
+"<|im_end|>") stay characters, so an environment's output cannot fake a turn boundary. A template that
+rewrites earlier turns when a message is added (some drop earlier reasoning) breaks
 the rule that a trajectory only grows: it is refused with the reason.
 
 An observation longer than `rollout.observation_max_tokens` keeps its end (the assertion, the error)
@@ -81,11 +83,14 @@ class ChatRenderer:
     def render(self, observation: str, role: str, turn_ids: Sequence[int], budget: int = 0) -> list[int]:
         """The observation's tokens; its text cut to its last `budget` tokens first (0: uncut), marked."""
         head, tail = self._template(role)
-        ids = self.tok.encode(observation, add_special_tokens=False)
-        if 0 < budget < len(ids):
-            observation = "[...]" + self.tok.decode(keep_end(ids, budget), skip_special_tokens=False)
+        # The body is text, whatever it holds: a program that prints "<|im_end|>" gets those characters, not
+        # the control token (it would fake a turn boundary in the context the model reads).
+        body = self.tok.encode(observation, add_special_tokens=False, split_special_tokens=True)
+        if 0 < budget < len(body):
+            body = self.tok.encode("[...]", add_special_tokens=False) + keep_end(body, budget)
         if turn_ids and int(turn_ids[-1]) in self.stop_ids:
             said = self.tok.decode([int(turn_ids[-1])], skip_special_tokens=False)
             if head.startswith(said):  # the turn's end token is the closer's first text
                 head = head[len(said) :]
-        return list(self.tok.encode(head + observation + tail, add_special_tokens=False))
+        encode = self.tok.encode
+        return [*encode(head, add_special_tokens=False), *body, *encode(tail, add_special_tokens=False)]

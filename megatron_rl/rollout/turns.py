@@ -17,7 +17,8 @@ trajectory's `rollout.max_new_tokens` (turns and observations together) or the e
 turn that runs into `rollout.turn_max_tokens` ends that turn only (`Turn.truncated`): the
 environment answers it like any other. One reward per trajectory: that of the
 step that ends it. An environment that raises ends its trajectory with reward 0 and status env_error,
-the error kept on the sample (env/types.py `step_safely`); the run goes on.
+the error kept on the sample (env/types.py `step_safely`), and so does one that does not answer within
+`rollout.env_timeout_s`; the run goes on.
 
 Every turn records the engine's own view (`Sample.engine_spans`: the context vLLM reports it ran,
 plus the turn's output, as a digest), which the trainer checks against the ids it trains on
@@ -44,6 +45,7 @@ class TurnSettings:
     max_turns: int
     turn_max_tokens: int  # 0: a turn may use what is left of the trajectory's cap
     observation_max_tokens: int
+    step_timeout_s: float = 600.0  # an environment step that takes longer ends its trajectory (env_error)
 
 
 @dataclass
@@ -76,7 +78,9 @@ class TurnScheduler:
         self._threads = ThreadPoolExecutor(max(1, workers), thread_name_prefix="env")
 
     def close(self) -> None:
-        self._threads.shutdown(wait=True, cancel_futures=True)
+        # Not waiting: a hung environment's thread must not hang the run's end (the pool's close then
+        # waits for the sandbox jobs already queued, which have their own limits).
+        self._threads.shutdown(wait=False, cancel_futures=True)
         if self.pool is not None:
             self.pool.close()
 
@@ -112,10 +116,15 @@ class TurnStream:
         ended: list[Sample] = []
         engine.open_turns()
         started = time.perf_counter()
+        limit = s.settings.step_timeout_s
+        began: dict[Future, float] = {}
+
+        def room_of(t: _Trajectory, extra: int = 0) -> int:
+            held = len(t.tokens) + extra
+            return min(t.request.max_tokens - held, engine.max_model_len - len(t.request.prompt_ids) - held)
 
         def queue_turn(t: _Trajectory) -> None:
-            context = t.request.prompt_ids + t.tokens
-            room = min(t.request.max_tokens - len(t.tokens), engine.max_model_len - len(context))
+            room = room_of(t)
             cap = min(room, s.settings.turn_max_tokens) if s.settings.turn_max_tokens > 0 else room
             t.at_cap = cap == room
             if cap < 1:
@@ -124,18 +133,19 @@ class TurnStream:
             pi, si = t.key
             rid = f"c{self.call}-p{pi}-s{si}-t{t.turns}"
             key = (engine.seed, engine.engine_index, self.call, pi, si)
-            engine.add_turn(rid, context, cap, request_seed(*key, t.turns) if t.turns else request_seed(*key))
+            seed = request_seed(*key, t.turns) if t.turns else request_seed(*key)
+            engine.add_turn(rid, t.request.prompt_ids + t.tokens, cap, seed)
             live[rid] = t
 
-        for r in requests:
-            prompt = prompts[r.prompt_index]
-            episode = start_safely(s.env, prompt, s.task.problem(prompt))
-            t = _Trajectory(r, episode if not isinstance(episode, StepResult) else None)
-            if isinstance(episode, StepResult):
-                ended.append(self._finish(t, episode, truncated=False))
-            else:
-                queue_turn(t)
         try:
+            for r in requests:
+                prompt = prompts[r.prompt_index]
+                episode = start_safely(s.env, prompt, s.task.problem(prompt))
+                t = _Trajectory(r, episode if not isinstance(episode, StepResult) else None)
+                if isinstance(episode, StepResult):
+                    ended.append(self._finish(t, episode, truncated=False))
+                else:
+                    queue_turn(t)
             while live or env_calls or ended:
                 while ended:
                     yield ended.pop(0)
@@ -145,17 +155,30 @@ class TurnStream:
                     for out in engine.step_turns():
                         t = live.pop(out.request_id, None)
                         if t is not None:
-                            self._take_turn(t, out, engine.version, env_calls)
+                            future = self._take_turn(t, out, engine.version)
+                            env_calls[future], began[future] = t, time.perf_counter()
                 elif live:
                     raise RuntimeError(f"the engine dropped {len(live)} turns without finishing them")
-                # Environments that answered: appended now; when only environments run, wait for one.
+                # Environments that answered: appended now; when only environments run, wait for one (and
+                # no longer than the step limit: an environment that hangs ends its trajectory, not the run).
                 done = [f for f in env_calls if f.done()]
                 if not done and env_calls and not live:
                     t_wait = time.perf_counter()
-                    done = list(wait(list(env_calls), return_when=FIRST_COMPLETED)[0])
+                    oldest = min(began[f] for f in env_calls)
+                    left = max(0.0, oldest + limit - t_wait)
+                    done = list(wait(list(env_calls), timeout=left, return_when=FIRST_COMPLETED)[0])
                     self.env_wait_s += time.perf_counter() - t_wait
+                now = time.perf_counter()
+                for f in [f for f in env_calls if not f.done() and now - began[f] > limit]:
+                    t = env_calls.pop(f)
+                    began.pop(f, None)
+                    f.cancel()  # a thread cannot be stopped: it finishes on its own, its answer unread
+                    hung = StepResult(done=True, status=ENV_ERROR)
+                    hung.info = {"error": f"the environment did not answer a turn within {limit:g} s"}
+                    ended.append(self._finish(t, hung, truncated=False))
                 for f in done:
                     t = env_calls.pop(f)
+                    began.pop(f, None)
                     result, truncated = f.result()
                     t.env_s += result.seconds
                     if result.done or truncated or t.turns >= s.settings.max_turns:
@@ -164,6 +187,9 @@ class TurnStream:
                     obs = s.renderer.render(
                         result.observation, result.role, t.last_turn, s.settings.observation_max_tokens
                     )
+                    if room_of(t, len(obs)) < 1:  # no token of a next turn would fit: ends at its cap
+                        ended.append(self._finish(t, result, truncated=True))
+                        continue
                     t.tokens += obs
                     t.logprobs += [0.0] * len(obs)
                     t.mask += [0] * len(obs)
@@ -175,9 +201,13 @@ class TurnStream:
             engine.close_turns(list(live))
             engine.last_stream = {"seconds": time.perf_counter() - started}
 
-    def _take_turn(self, t: _Trajectory, out, version: int, env_calls: dict) -> None:
+    def _take_turn(self, t: _Trajectory, out, version: int) -> Future:
         """A finished turn: appended as the engine returned it, then handed to the environment."""
         completion = out.outputs[0]
+        if completion.finish_reason not in ("stop", "length"):
+            raise RuntimeError(
+                f"request {out.request_id} ended with finish reason {completion.finish_reason!r} (aborted?)"
+            )
         ids = [int(x) for x in completion.token_ids]
         if ids and (completion.logprobs is None or len(completion.logprobs) != len(ids)):
             raise RuntimeError(f"request {out.request_id}: the engine returned no per-token log-probs")
@@ -199,8 +229,7 @@ class TurnStream:
             last=t.turns >= self.s.settings.max_turns or truncated,
             truncated=cut,
         )
-        future = self.s._threads.submit(lambda: (step_safely(t.episode, turn), truncated))
-        env_calls[future] = t
+        return self.s._threads.submit(lambda: (step_safely(t.episode, turn), truncated))
 
     def _finish(self, t: _Trajectory, result: StepResult, truncated: bool) -> Sample:
         r = t.request

@@ -178,6 +178,8 @@ def token_exact(sample: Sample, trained_ids: Sequence[int]) -> bool:
     """True when `trained_ids` (what the trainer scores: the prompt and completion) hold, at every turn's
     end, exactly the ids the engine reported it ran and produced; False for a sample with no record of
     the engine's view (fail closed: what cannot be shown exact is not)."""
+    if sample.engine_spans == [] and not sample.token_ids:  # no turn ran (its environment failed to start)
+        return list(trained_ids) == list(sample.prompt_ids)
     if not sample.engine_spans:
         return False
     p = sample.prompt_len

@@ -142,7 +142,7 @@ def turns_lines(t: dict | None) -> list[str]:
     return [
         f"multi-turn: {_f(t['turns_mean'], '{:.2f}')} turns per trajectory (max {t['turns_max']}); environments "
         f"{_f(t['env_seconds_per_step'], '{:.2f}')} s per step (summed over trajectories); observations "
-        f"{pct(t['env_token_fraction'])} of the trained tokens; trainer ids = engine ids on {exact}",
+        f"{pct(t['env_token_fraction'])} of the trained sequences' tokens; trainer ids = engine ids on {exact}",
         f"solved at the first turn {pct(f['first'])} -> {pct(f['last'])}, after feedback {pct(a['first'])} -> "
         f"{pct(a['last'])}",
     ]

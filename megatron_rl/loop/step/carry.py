@@ -80,9 +80,21 @@ def carry_from_record(records: list[dict] | None, task) -> list[CarriedGroup]:
     return [
         CarriedGroup(
             prompt=task.prompt_from_record(r["prompt"]),
-            finished=[Sample(**s) for s in r["finished"]],
+            finished=[_restored(s) for s in r["finished"]],
             partial=[Partial(**p) for p in r["partial"]],
             cuts=int(r["cuts"]),
         )
         for r in records or []
     ]
+
+
+def _restored(record: dict) -> Sample:
+    """A carried finished sample from its record. A checkpoint written before samples recorded the
+    engine's view (`engine_spans`) holds none: its samples are taken as saved, their own ids standing for
+    the engine's (the trainer's token check, train.py, would otherwise stop the resumed run)."""
+    sample = Sample(**record)
+    if "engine_spans" not in record:
+        from megatron_rl.rollout.types import token_digest
+
+        sample.engine_spans = [(len(sample.token_ids), token_digest(sample.prompt_ids + sample.token_ids))]
+    return sample

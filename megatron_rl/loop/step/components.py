@@ -124,7 +124,7 @@ def build_turns(run: Run, task, pool):
         renderer = PlainRenderer(tok.encode)
     else:
         renderer = PlainRenderer(lambda text: tok.encode(text, add_special_tokens=False))
-    settings = TurnSettings(ro.max_turns, ro.turn_max_tokens, ro.observation_max_tokens)
+    settings = TurnSettings(ro.max_turns, ro.turn_max_tokens, ro.observation_max_tokens, ro.env_timeout_s)
     # Episodes mostly wait on their sandbox: a few threads per sandbox keep every sandbox busy.
     groups = run.recipe.data.prompts_per_step * ro.samples_per_prompt // run.layout.engine_count
     return TurnScheduler(

@@ -27,7 +27,8 @@ def shaped_rewards(
     `rollout.turn_penalty` (multi-turn shaping, off at 0) taken off for each turn after the first."""
     r = torch.tensor([s.reward for s in samples], dtype=torch.float32, device="cpu")
     if turn_penalty:
-        r = r - turn_penalty * torch.tensor([s.turns - 1 for s in samples], dtype=torch.float32, device="cpu")
+        extra = [max(s.turns - 1, 0) for s in samples]
+        r = r - turn_penalty * torch.tensor(extra, dtype=torch.float32, device="cpu")
     if algo.overlong == "penalty" and algo.overlong_penalty_tokens > 0:
         lengths = torch.tensor([len(s.token_ids) for s in samples], dtype=torch.float32, device="cpu")
         r = r + overlong_penalty(lengths, max_new_tokens, algo.overlong_penalty_tokens)

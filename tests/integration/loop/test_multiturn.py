@@ -50,7 +50,7 @@ def runs(tmp_path_factory):
     )
     sep = [*NO_WANDB, *FEEDBACK, "layout.synchrony=async", "rollout.max_staleness=1"]
     launch(tmp, 3, sep, name="separated", recipe="grpo_tiny_cpu_separated")
-    launch(tmp, 2, [*NO_WANDB, *HF], name="hf", recipe="grpo_tiny_hf_cpu")
+    launch(tmp, 3, [*NO_WANDB, *HF], name="hf", recipe="grpo_tiny_hf_cpu")
     return tmp, {name: records(tmp, name) for name in ("colocated", "separated", "hf")}
 
 

@@ -131,6 +131,41 @@ def turn_checks(eng, hf_model) -> dict:
     stream.close()
     out["after_close_busy"] = eng.busy()
     out["after_close_generates"] = len(eng.generate(PROMPTS, 1, SamplingSettings(max_new_tokens=4)))
+
+    # An environment that hangs: its trajectory ends after the step limit (1 s), the other one finishes.
+    class Split:
+        def __init__(self):
+            self.lock, self.n = threading.Lock(), 0
+
+        def start(self, prompt, problem):
+            with self.lock:
+                self.n += 1
+                return _Sleepy(3.0 if self.n == 1 else 0.0)
+
+    sched3 = TurnScheduler(
+        None, Split(), _Task(), renderer, TurnSettings(2, 4, 8, step_timeout_s=1.0), workers=2
+    )
+    t0 = time.perf_counter()
+    two = sorted(
+        sched3.stream(eng, eng.requests_for(PROMPTS[:1], 2, s), PROMPTS, call_id=14),
+        key=lambda x: x.sample_index,
+    )
+    out["hung"] = dict(
+        status=two[0].status,
+        error=two[0].error,
+        others=[x.status for x in two[1:]],
+        seconds=time.perf_counter() - t0,
+    )
     sched.close()
     sched2.close()
+    sched3.close()
     return out
+
+
+class _Sleepy:
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def step(self, turn):
+        time.sleep(self.seconds)
+        return StepResult(reward=1.0, done=True, status="passed")

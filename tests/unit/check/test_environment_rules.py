@@ -48,3 +48,13 @@ def test_routing_replay_with_an_environment_is_refused():
         "algorithm.routing_replay=true",
     )
     assert "multi-turn" in problems["algorithm.routing_replay"], problems
+
+
+def test_the_python_tool_needs_the_sandbox():
+    problems = _keys(
+        "grpo_tiny_hf_cpu",
+        "rollout.env=tool_calls",
+        "reward.kind=function",
+        "reward.function=megatron_rl.reward.verifiers:math_answer",
+    )
+    assert "needs reward.kind=sandbox" in problems["rollout.env"], problems

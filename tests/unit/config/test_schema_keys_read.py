@@ -60,6 +60,7 @@ READ_ELSEWHERE = {
     "rollout.turn_max_tokens": "megatron_rl.loop.step.components:build_turns",
     "rollout.observation_max_tokens": "megatron_rl.loop.step.components:build_turns",
     "rollout.turn_penalty": "megatron_rl.train:main",
+    "rollout.env_timeout_s": "megatron_rl.loop.step.components:build_turns",
     "rollout.enforce_eager": "megatron_rl.rollout.vllm_engine:VLLMEngine",
     "rollout.on_logprob_disagreement": "megatron_rl.loop.step.components:build_refusals",
     "rollout.logprob_max_gap": "megatron_rl.rollout.agreement:thresholds_of",

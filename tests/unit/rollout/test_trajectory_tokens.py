@@ -104,3 +104,24 @@ def test_the_mismatch_error_names_the_sample_and_what_is_kept():
     assert msg.startswith("step 7:") and "sample 0/0" in msg and "ids that differ" in msg
     assert "not trained" in msg and "last checkpoint stays the newest" in msg
     assert not tokens_exact([s], {0: s.sequence[:-1] + [0]})
+
+
+def test_a_trajectory_whose_environment_never_started_trains_its_prompt_only():
+    s = Sample(
+        0, 0, list(PROMPT), [], [], "stop", False, 1, status="env_error", loss_mask=[], engine_spans=[]
+    )
+    assert token_exact(s, PROMPT)
+    assert not token_exact(s, PROMPT + [3])
+
+
+def test_a_carried_sample_from_a_checkpoint_without_engine_spans_is_taken_as_saved():
+    from dataclasses import asdict
+
+    from megatron_rl.loop.step.carry import _restored
+
+    record = asdict(_trajectory())
+    record.pop("engine_spans")
+    s = _restored(record)
+    assert token_exact(s, s.sequence)
+    kept = _restored(asdict(_trajectory()))
+    assert not token_exact(kept, kept.sequence[:-1] + [0])  # a record that has them is still checked
