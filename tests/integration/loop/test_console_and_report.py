@@ -127,8 +127,10 @@ def test_report_json_has_every_section(runs):
     assert gen["first_step_s"] == pytest.approx(gen_s[0]) and gen["seconds"]["max"] == pytest.approx(
         max(gen_s[1:])
     )
-    assert set(rep["idle"]) == {"longest_completion", "reward_pool", "switch", "publication"}
+    assert set(rep["idle"]) == {"longest_completion", "reward_pool", "switch", "publication", "environments"}
     assert all(v["seconds_per_step"] is not None for v in rep["idle"].values())
+    assert rep["idle"]["environments"]["seconds_per_step"] == 0.0  # single-turn: no environment to wait on
+    assert rep["turns"] is None
     t = rep["throughput"]
     assert t["generated_tokens_per_s"] > 0 and t["trained_tokens_per_s"] > 0 and 0 < t["mfu"] < 1
     assert set(rep["trends"]) == {
