@@ -6,8 +6,6 @@ resolve through `environment_class`, so an environment `validate` accepts is the
 
 from __future__ import annotations
 
-import importlib
-
 SHIPPED = {
     "code_feedback": "megatron_rl.env.code_feedback:CodeFeedback",
     "expression_feedback": "megatron_rl.env.code_feedback:ExpressionFeedback",
@@ -17,25 +15,21 @@ SHIPPED = {
 
 def environment_class(name: str) -> type:
     """The class `rollout.env` names; ValueError saying what is wrong and what is accepted."""
+    from megatron_rl.config.named import import_named, is_named
+
     spec = SHIPPED.get(name, name)
-    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+    if not is_named(spec):
         raise ValueError(
             f"rollout.env={name!r} is neither a shipped environment ({', '.join(SHIPPED)}) nor "
             "'module:Class' (your own: a class taking an EnvContext, with start(prompt, problem))"
         )
-    module_name, cls_name = spec.split(":")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(
-            f"rollout.env={name!r}: cannot import {module_name!r} ({e}); is it on PYTHONPATH?"
-        ) from None
-    cls = getattr(module, cls_name, None)
-    if cls is None:
-        raise ValueError(f"rollout.env={name!r}: module {module_name!r} has no {cls_name!r}")
+        cls = import_named(spec, "rollout.env")
+    except (ImportError, AttributeError) as e:
+        raise ValueError(str(e)) from None
     if not isinstance(cls, type) or not callable(getattr(cls, "start", None)):
         raise ValueError(
-            f"rollout.env={name!r}: {cls_name!r} is not an environment class (a class with a method "
+            f"rollout.env={name!r}: {spec.split(':')[1]!r} is not an environment class (a class with a method "
             "start(prompt, problem) returning an episode with step(turn))"
         )
     return cls

@@ -11,7 +11,6 @@ A float or bool becomes a `RewardResult` with status `passed` when the reward is
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
 from collections.abc import Callable
@@ -25,24 +24,17 @@ Verifier = Callable[[Any, str], Any]
 
 def load_verifier(spec: str) -> Verifier:
     """The function named by "module:function", with an error that says what is wrong."""
-    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+    from megatron_rl.config.named import import_named, is_named
+
+    if not is_named(spec):
         raise ValueError(
             f"reward.function must be 'module:function' (e.g. 'megatron_rl.reward.verifiers:math_answer'); got {spec!r}"
         )
-    module_name, func_name = spec.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ImportError(
-            f"reward.function {spec!r}: cannot import module {module_name!r} ({e}); is it on PYTHONPATH?"
-        ) from None
-    func = getattr(module, func_name, None)
-    if func is None:
-        raise AttributeError(
-            f"reward.function {spec!r}: module {module_name!r} has no attribute {func_name!r}"
-        )
+    func = import_named(spec, "reward.function")
     if not callable(func):
-        raise TypeError(f"reward.function {spec!r}: {func_name!r} is a {type(func).__name__}, not a function")
+        raise TypeError(
+            f"reward.function {spec!r}: {spec.split(':')[1]!r} is a {type(func).__name__}, not a function"
+        )
     return func
 
 

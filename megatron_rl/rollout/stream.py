@@ -57,10 +57,16 @@ def extended(r: Partial, tokens: list[int], logprobs: list[float], version: int)
     )
 
 
-def to_sample(out, r: Partial, tokens: list[int], logprobs: list[float], version: int) -> Sample:
+def finish_reason(out) -> str:
+    """A finished request's reason, "stop" or "length"; anything else (an abort) is an error."""
     reason = out.outputs[0].finish_reason
     if reason not in ("stop", "length"):
         raise RuntimeError(f"request {out.request_id} ended with finish reason {reason!r} (aborted?)")
+    return reason
+
+
+def to_sample(out, r: Partial, tokens: list[int], logprobs: list[float], version: int) -> Sample:
+    reason = finish_reason(out)
     versions = list(r.versions) + [version] * len(tokens)
     first = versions[0] if versions else version
     # The engine's own view: the context it reports it ran (prompt and tokens held) and what it added

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from megatron_rl.env.types import ENV_ERROR, Episode, StepResult, Turn, start_safely, step_safely
 from megatron_rl.reward.result import FAILED, PASSED
+from megatron_rl.rollout.stream import append_delta, finish_reason
 from megatron_rl.rollout.types import Partial, Sample, token_digest
 
 
@@ -203,16 +204,10 @@ class TurnStream:
 
     def _take_turn(self, t: _Trajectory, out, version: int) -> Future:
         """A finished turn: appended as the engine returned it, then handed to the environment."""
-        completion = out.outputs[0]
-        if completion.finish_reason not in ("stop", "length"):
-            raise RuntimeError(
-                f"request {out.request_id} ended with finish reason {completion.finish_reason!r} (aborted?)"
-            )
-        ids = [int(x) for x in completion.token_ids]
-        if ids and (completion.logprobs is None or len(completion.logprobs) != len(ids)):
-            raise RuntimeError(f"request {out.request_id}: the engine returned no per-token log-probs")
+        reason = finish_reason(out)
+        ids: list[int] = []
+        append_delta(out, ids, t.logprobs)  # the whole turn (FINAL_ONLY): its ids and their log-probs
         t.tokens += ids
-        t.logprobs += [float(pos[tok].logprob) for tok, pos in zip(ids, completion.logprobs or [])]
         t.mask += [1] * len(ids)
         t.versions += [version] * len(ids)
         t.spans.append((len(t.tokens), token_digest(list(out.prompt_token_ids) + ids)))
@@ -220,7 +215,7 @@ class TurnStream:
         t.last_turn = ids
         # A turn cut at rollout.turn_max_tokens ends the turn; one cut where the trajectory's cap or the
         # context ends leaves no room for another: the trajectory ends there, truncated.
-        cut = completion.finish_reason == "length"
+        cut = reason == "length"
         truncated = cut and t.at_cap
         turn = Turn(
             index=t.turns - 1,
