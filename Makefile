@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo demo-hf demo-multiturn test test-quick test-unit test-dist test-integration lint format venv system prereqs clean
+.PHONY: demo demo-hf demo-multiturn demo-ppo test test-quick test-unit test-dist test-integration lint format venv system prereqs clean
 
 # Every prerequisite (system packages, a Python that can build .venv, disk) before anything is built:
 # missing ones are installed when this user may (root with apt-get), else one line says what to run.
@@ -45,6 +45,11 @@ demo-hf: prereqs $(STAMP)
 # tokens and never trained on.
 demo-multiturn: prereqs $(STAMP)
 	MEGATRON_RL_RUN_NAME=grpo_tiny_multiturn_cpu-$$(date +%Y%m%d-%H%M%S) $(BIN)/megatron-rl run grpo_tiny_multiturn_cpu
+
+# PPO with a critic (recipes/ppo_tiny_cpu.yaml): the tiny task of `make demo` with a value model trained beside
+# the policy, per-token advantages by GAE; the progress bar shows the critic's loss and explained variance.
+demo-ppo: prereqs $(STAMP)
+	MEGATRON_RL_RUN_NAME=ppo_tiny_cpu-$$(date +%Y%m%d-%H%M%S) $(BIN)/megatron-rl run ppo_tiny_cpu
 
 # Two pytest-xdist workers: one launched run keeps about 1.2 of 2 cores busy. Tests sharing a launched run
 # stay on one worker (tests/conftest.py); TEST_WORKERS=0 runs everything in this process.

@@ -1,4 +1,4 @@
-"""GRPO, top to bottom. One process per GPU (torchrun or srun); every rank runs this same file.
+"""GRPO and PPO, top to bottom. One process per GPU (torchrun or srun); every rank runs this same file.
 
     torchrun --nproc-per-node 2 -m megatron_rl.train grpo_tiny_cpu [overrides...]
 
@@ -7,10 +7,15 @@ Each step:
      once in the sandboxed reward pool, while the engine keeps generating;
   2. old-policy log-probs (before the first update; they also check the engine's log-probs) and
      reference log-probs (frozen copy; skipped when the KL coefficient is 0);
-  3. group-relative advantages (per prompt, over its n samples);
-  4. k minibatches, one optimizer step each: clipped surrogate + KL to the reference;
+  3. group-relative advantages (per prompt, over its n samples); with PPO (algorithm.name=ppo) the
+     critic's values and per-token advantages by GAE instead (loop/step/ppo.py);
+  4. k minibatches, one optimizer step each (algorithm.epochs passes): clipped surrogate + KL to the
+     reference; with PPO, the critic's clipped value loss too, by its own optimizer;
   5. publish (at the top of the next step, as the device passes back to the engine): reshard the
      trainer's shards into the engines' layout, in memory; stage, validate, activate.
+
+A learned reward model (reward.model_checkpoint) scores every sample after generation, on the trainer's
+devices, and its score joins the verifier's in the reward (a weighted sum).
 
 Separated placement (`layout.placement=separated`): the engines run on ranks of their own, which walk
 loop/placement/engine_pool.py instead of this loop; publication and batches cross over the job group
@@ -36,7 +41,7 @@ from megatron_rl.loop.placement.probe import step_problems
 from megatron_rl.loop.placement.publication import PublicationRefused
 from megatron_rl.loop.record.start import seed_everything, start_run
 from megatron_rl.loop.record.summary import step_metrics
-from megatron_rl.loop.step import components
+from megatron_rl.loop.step import components, ppo
 from megatron_rl.loop.step.rl_batch import (
     advantages_with_kl,
     assign,
@@ -52,7 +57,13 @@ from megatron_rl.loop.step.rl_batch import (
     tokens_exact,
 )
 from megatron_rl.system.device import require_device
-from megatron_rl.trainer.build import build_policy, frozen_copy
+from megatron_rl.trainer.build import (
+    build_critic,
+    build_policy,
+    build_reward_model,
+    critic_epochs,
+    frozen_copy,
+)
 from megatron_rl.trainer.replay import routes_of
 
 
@@ -73,8 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     with log.phase("init"):
         policy = build_policy(run, procs.state, with_optimizer=True)
         reference = frozen_copy(policy, run, procs.state) if algo.kl_coef > 0 else None
+        # PPO: the critic, a value model trained beside the policy; a learned reward model, frozen, on the
+        # host between its uses
+        critic = build_critic(run, procs.state, policy) if algo.name == "ppo" else None
+        reward_model = build_reward_model(run, procs.state) if run.reward_spec is not None else None
         # Colocated: this rank's engine and reward pool, time-sharing the device with the trainer
-        side = components.build_colocated(run, procs, log, policy, reference)
+        side = components.build_colocated(run, procs, log, policy, reference, critic)
         engine = side.engine if side is not None else None
         task = components.build_task(run)
         publisher = components.build_publisher(run, procs, engine)
@@ -83,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpointer = components.build_checkpointer(run, procs, log.name)
         save_every = components.checkpoint_interval(run)
         # 0 unless a checkpoint is found; with partial rollouts, the groups it carried into its next batch
-        start, carried = components.resume(run, procs, log, policy, reference, task)
+        start, carried = components.resume(run, procs, log, policy, reference, task, critic)
         preemption = Preemption(procs.cpu_group)
     publisher.next_version = start + 1  # step s samples from version s + 1 (at most k older when async)
     feed = components.build_feed(run, procs, log, policy, task, refusals, start, carried, prober, side)
@@ -128,8 +143,18 @@ def main(argv: list[str] | None = None) -> int:
         exact = tokens_exact(samples, trained, procs.cpu_group)
         if not exact:
             raise RuntimeError(mismatch_message(step + 1, samples, trained))
+        # A learned reward model scores this rank's samples; every rank then has every sample's reward: the
+        # recipe's weighted sum of the model's score and the verifier's
+        if reward_model is not None:
+            with log.phase("reward_model"):
+                scores = ppo.reward_model_scores(reward_model, samples, mine, procs.dp_cpu_group)
+            ppo.combine_rewards(samples, scores, cfg.reward)
         replay = algo.routing_replay
-        source = old_policy.source(algo.old_logprobs, algo.minibatches, algo.kl_in_reward, algo.kl_coef)
+        # PPO's first critic.critic_only_steps train only the critic; the policy's agreement then needs a forward
+        train_policy = critic is None or step >= cfg.critic.critic_only_steps
+        source = old_policy.source(
+            algo.old_logprobs, algo.minibatches, algo.kl_in_reward, algo.kl_coef, algo.epochs
+        )
         old, ref, agreement = {}, {}, None
         if source == old_policy.RECOMPUTE:
             with log.phase("old_logprobs"):
@@ -141,39 +166,70 @@ def main(argv: list[str] | None = None) -> int:
             with log.phase("ref_logprobs"):
                 ref = scored(reference, samples, mine, temp, replay)
 
-        # 3. group-relative advantages (the KL folded into the rewards when the recipe says so)
-        #    over whole trajectories: a multi-turn sample is one trajectory with one reward (rollout/turns.py)
-        kl = (
-            kl_sums(old, ref, algo.kl_estimator, procs.dp_cpu_group, samples)
-            if algo.kl_in_reward and ref
-            else None
-        )
-        adv = advantages_with_kl(samples, ro.samples_per_prompt, algo, ro.max_new_tokens, kl, ro.turn_penalty)
+        # 3. advantages (the KL folded into the rewards when the recipe says so). GRPO: group-relative, over
+        #    whole trajectories (a multi-turn sample is one trajectory with one reward: rollout/turns.py).
+        #    PPO: the critic's values of this rank's samples, then GAE per token (loop/step/ppo.py).
+        values, returns, ppo_metrics = {}, {}, {}
+        if critic is None:
+            kl = (
+                kl_sums(old, ref, algo.kl_estimator, procs.dp_cpu_group, samples)
+                if algo.kl_in_reward and ref
+                else None
+            )
+            adv = advantages_with_kl(
+                samples, ro.samples_per_prompt, algo, ro.max_new_tokens, kl, ro.turn_penalty
+            )
+        else:
+            with log.phase("critic_values"):
+                values = ppo.critic_values(critic, samples, mine)
+            kl = ppo.token_kl(old, ref, algo.kl_estimator) if algo.kl_in_reward and ref else None
+            adv, returns, ppo_metrics = ppo.advantages(
+                samples, mine, values, algo, ro.max_new_tokens, ro.turn_penalty, kl, procs.dp_cpu_group
+            )
         keep = loss_mask_keep(samples, algo)
 
         # 4. k minibatches, one optimizer step each. Without a recompute, the first minibatch's forward
         #    (before any update) gives the engine-vs-trainer agreement of its samples. The loss covers the
         #    tokens the model generated; a multi-turn trajectory's observations are context (minibatch_extras).
-        train_metrics = []
-        for minibatch in plan:
+        #    PPO: the critic takes an optimizer step of its own on each minibatch, on the same tokens, for
+        #    critic.epochs passes (the policy's by default).
+        train_metrics, critic_outs = [], []
+        passes = max(algo.epochs, critic_epochs(cfg) if critic is not None else 0)
+        for epoch, minibatch in [(e, mb) for e in range(passes) for mb in plan]:
             idx = minibatch[procs.state.dp_rank]
             everyone = [i for rank_share in minibatch for i in rank_share]
             normaliser = global_normaliser(samples, everyone, keep, algo.loss_agg)
-            loss_fn = grpo_loss_fn(algo, ro.max_new_tokens, normaliser, source == old_policy.UPDATE)
-            out = policy.train_step(
-                [trained[i] for i in idx],
-                [samples[i].prompt_len for i in idx],
-                loss_fn,
-                extras=minibatch_extras(samples, idx, adv, keep, old, ref),
-                temperature=temp,
-                timer=log.timer,
-                return_logprobs=agreement is None,
-                routes=routes_of(samples, idx, replay),
-            )
-            if agreement is None:
-                out, forward = out
-                agreement = agreement_of(idx, forward)
-            train_metrics.append(out)
+            prompt_lens = [samples[i].prompt_len for i in idx]
+            if train_policy and epoch < algo.epochs:
+                loss_fn = grpo_loss_fn(algo, ro.max_new_tokens, normaliser, source == old_policy.UPDATE)
+                out = policy.train_step(
+                    [trained[i] for i in idx],
+                    prompt_lens,
+                    loss_fn,
+                    extras=minibatch_extras(samples, idx, adv, keep, old, ref),
+                    temperature=temp,
+                    timer=log.timer,
+                    return_logprobs=agreement is None,
+                    routes=routes_of(samples, idx, replay),
+                )
+                if agreement is None:
+                    out, forward = out
+                    agreement = agreement_of(idx, forward)
+                train_metrics.append(out)
+            if critic is not None and epoch < critic_epochs(cfg):
+                with log.phase("critic_train"):
+                    critic_outs.append(
+                        critic.train_step(
+                            [trained[i] for i in idx],
+                            prompt_lens,
+                            ppo.value_loss_fn(algo, ro.max_new_tokens, normaliser),
+                            extras=ppo.critic_extras(samples, idx, keep, values, returns),
+                        )
+                    )
+        if agreement is None:  # PPO's critic-only steps: the policy did not train, one forward for the check
+            with log.phase("old_logprobs"):
+                forward = scored(policy, samples, mine, temp, replay)
+            agreement = agreement_of(mine, [forward[i] for i in mine])
         feed.after_train(step)  # asynchronous: the batch the engines drew meanwhile, k steps ahead
 
         # The agreement compares the tokens of the batch's newest version. Asynchronous (or a batch of carried
@@ -186,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         halt = refusals.after_step(step, agreement["version"], agreement["problems"])
         metrics = step_metrics(samples, stats, agreement, train_metrics, publication, log, run.spec, exact)
         extra = {"sampling_rounds": rounds, "old_logprobs": source, "version_lag": lag}
+        extra.update(ppo_metrics, **ppo.critic_metrics(critic_outs), **ppo.model_score_metrics(samples))
         extra["rollout_wait_s"] = feed.take_wait()  # separated: the trainer idle, waiting on the engines
         log.record(step + 1, {**metrics, **extra}, samples, task)  # and a few samples to read (samples.jsonl)
         preempted = preemption.requested()
@@ -196,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         if components.save_due(save_every, cfg.steps, step + 1, preempted):
             position = feed.task_state(step + 1), step + 1, feed.carry_state(step + 1)
             state = components.run_state(run, *position, log.identity())  # identity: its name and W&B run
-            checkpointer.save(step + 1, policy, reference, state)
+            checkpointer.save(step + 1, policy, reference, state, critic)
         if preempted:
             feed.stop(step)
             break

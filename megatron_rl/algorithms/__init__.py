@@ -16,12 +16,22 @@ decide where data lives and how ranks reduce. One idea per module:
     overlong           overlong_mask           drop truncated samples from the loss
                        overlong_penalty        soft length penalty near the generation limit
     grpo               grpo_loss               the composition the trainer calls
+    gae                token_rewards           PPO: the reward on the last token, KL on every token
+                       gae_advantages          generalised advantage estimation; masked tokens skipped
+                       moments, whiten         advantage whitening with DP-wide (all-reduced) moments
+                       explained_variance_sums the value function's explained variance, from sums
+                       explained_variance_from a caller all-reduces
+    value              clipped_value_loss      PPO's critic loss, clipped around the old values
+                       value_loss              the same, aggregated like the policy loss
     old_policy         source                  where the ratio's denominator comes from (no torch)
     names              KL_ESTIMATORS, ...      the choices these implement, torch-free: the recipe
                                                check admits exactly these
 
 The functions load on first use (PEP 562): `megatron_rl.algorithms.names` and `.old_policy` import
 without torch, so the recipe check and the planner stay torch-free.
+
+No function is named after its module: importing a submodule binds the module to the package attribute of
+its name, which would then shadow a function of that name.
 """
 
 from importlib import import_module
@@ -33,6 +43,12 @@ _WHERE = {
     "fill_batch": "dynamic_sampling",
     "informative_groups": "dynamic_sampling",
     "trim_groups": "dynamic_sampling",
+    "explained_variance_from": "gae",
+    "explained_variance_sums": "gae",
+    "gae_advantages": "gae",
+    "moments": "gae",
+    "token_rewards": "gae",
+    "whiten": "gae",
     "grpo_loss": "grpo",
     "kl_estimate": "kl",
     "kl_penalty_rewards": "kl",
@@ -40,6 +56,8 @@ _WHERE = {
     "overlong_penalty": "overlong",
     "clipped_surrogate": "policy_loss",
     "truncated_is_weights": "policy_loss",
+    "clipped_value_loss": "value",
+    "value_loss": "value",
     "KL_ESTIMATORS": "names",
     "LOSS_AGGREGATIONS": "names",
 }

@@ -29,18 +29,19 @@ UPDATE = "update_forward"  # the first (only) minibatch's own forward, detached
 ENGINE = "engine"  # the engines' sampling log-probs
 
 
-def source(mode: str, minibatches: int, kl_in_reward: bool, kl_coef: float) -> str:
-    """Where a recipe's old log-probs come from; the driver and the planner both ask here."""
+def source(mode: str, minibatches: int, kl_in_reward: bool, kl_coef: float, epochs: int = 1) -> str:
+    """Where a recipe's old log-probs come from; the driver and the planner both ask here. A second pass
+    over the minibatches (`algorithm.epochs`) follows updates, as a second minibatch does."""
     if mode not in OLD_LOGPROBS:
         raise ValueError(f"algorithm.old_logprobs={mode!r}: use one of {', '.join(OLD_LOGPROBS)}")
     if mode == "engine":
         return ENGINE
     kl_before_update = kl_in_reward and kl_coef > 0  # the rewards need the old log-probs
-    if mode == "auto" and minibatches == 1 and not kl_before_update:
+    if mode == "auto" and minibatches * epochs == 1 and not kl_before_update:
         return UPDATE
     return RECOMPUTE
 
 
-def needs_forward(mode: str, minibatches: int, kl_in_reward: bool, kl_coef: float) -> bool:
+def needs_forward(mode: str, minibatches: int, kl_in_reward: bool, kl_coef: float, epochs: int = 1) -> bool:
     """Whether a recipe spends a trainer forward on old log-probs (the planner's count)."""
-    return source(mode, minibatches, kl_in_reward, kl_coef) == RECOMPUTE
+    return source(mode, minibatches, kl_in_reward, kl_coef, epochs) == RECOMPUTE

@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Callable
 
+from megatron_rl.check.ppo import ppo, reward_model
 from megatron_rl.check.ranges import get_key
 from megatron_rl.check.turns import environment
 from megatron_rl.config.problem import Problem
@@ -453,4 +454,6 @@ RULES: tuple[Callable, ...] = (
     reward_and_cluster,
     publication,
     environment,
+    ppo,
+    reward_model,
 )

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from megatron_rl.checkpoint.integrity import verify
-from megatron_rl.checkpoint.save import SCHEDULER_KEY, sharded_state, unshare_adam_steps
+from megatron_rl.checkpoint.save import CRITIC_SCHEDULER_KEY, SCHEDULER_KEY, sharded_state, unshare_adam_steps
 from megatron_rl.checkpoint.state import load_rng_state, set_rng_state
 from megatron_rl.checkpoint.store import list_checkpoints, recover
 
@@ -76,13 +76,20 @@ def find(resume: str, root: Path, cpu_group=None) -> Path | None:
     return path
 
 
-def load(path: Path, rank: int, policy, reference, task) -> dict:
-    """Load model, optimizer, reference, the RNG of this `rank` and the run state. Returns the run state.
+def load(path: Path, rank: int, policy, reference, task, critic=None) -> dict:
+    """Load model, optimizer, reference, PPO's critic (model, optimizer, schedule), the RNG of this `rank` and
+    the run state. Returns the run state.
 
     `path` must have been verified (`find` does it): DCP unpickles `dist/.metadata` (integrity.py)."""
     from megatron.core import dist_checkpointing
 
-    target = sharded_state(policy, reference, loading=True)
+    run_state = json.loads((path / "run_state.json").read_text())
+    if critic is not None and not run_state.get("critic", False):
+        raise ValueError(
+            f"{path} was saved by a run without a critic (algorithm.name={run_state.get('algorithm', 'grpo')}); "
+            "a PPO run cannot resume it: start afresh with checkpoint.resume=none, or resume it with its own recipe"
+        )
+    target = sharded_state(policy, reference, loading=True, critic=critic)
     state = dist_checkpointing.load(target, str(path / "dist"))
     policy.model.load_state_dict(state["model"])
     if policy.optimizer is not None and "optimizer" in state:
@@ -93,7 +100,11 @@ def load(path: Path, rank: int, policy, reference, task) -> dict:
     if reference is not None:
         ref = {k.removeprefix("reference."): v for k, v in state["reference"].items()}
         reference.model.load_state_dict(ref)
-    run_state = json.loads((path / "run_state.json").read_text())
+    if critic is not None:
+        critic.model.load_state_dict({k.removeprefix("critic."): v for k, v in state["critic"].items()})
+        critic.optimizer.load_state_dict(state["critic_optimizer"])
+        unshare_adam_steps(critic.optimizer)
+        load_schedule(critic.scheduler, state.get(CRITIC_SCHEDULER_KEY), path)
     rank_file = path / f"rank_{rank:05d}.pt"
     if run_state.get("world_size") == dist.get_world_size() and rank_file.exists():
         set_rng_state(load_rng_state(rank_file))

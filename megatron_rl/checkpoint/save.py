@@ -39,10 +39,13 @@ from megatron_rl.checkpoint.store import MARKER, partial_dir, prune, replace_int
 log = logging.getLogger(__name__)
 FORMAT = {"distrib_optim_sharding_type": "fully_reshardable"}
 SCHEDULER_KEY = "opt_param_scheduler"  # megatron-core's own name for it
+CRITIC_SCHEDULER_KEY = "critic_opt_param_scheduler"
 
 
 def prime_optimizer_state(optimizer) -> None:
-    """Give a fresh torch Adam its state entries (zeros, step 0) so a checkpoint can be loaded into it.
+    """Give a fresh torch Adam its state entries (zeros, step 0) so a checkpoint can be loaded into it, or
+    saved from it before its first step (what that step would start from anyway). Entries already there
+    are kept.
 
     Without apex or transformer-engine (the CPU case), megatron-core's DistributedOptimizer.state_dict
     reads a `step` entry from every parameter's torch-optimizer state, which torch creates only at the
@@ -84,10 +87,10 @@ def unshare_adam_steps(optimizer) -> None:
                 st["step"] = st["step"].clone()
 
 
-def sharded_state(policy, reference=None, loading: bool = False) -> dict:
+def sharded_state(policy, reference=None, loading: bool = False, critic=None) -> dict:
     """The dist-checkpointing state dict: model, optimizer (model-space sharding: any layout can load it),
-    the LR scheduler's state and, with a KL term, the frozen reference (it must stay the *initial*
-    policy across resumes).
+    the LR scheduler's state, with a KL term the frozen reference (it must stay the *initial* policy across
+    resumes), and with PPO the critic's model, optimizer and scheduler under `critic.` names.
 
     The scheduler's state is a few numbers, the same on every rank: dist-checkpointing writes such
     plain values once, into `dist/common.pt`, and `load` returns them whatever the target holds
@@ -95,8 +98,8 @@ def sharded_state(policy, reference=None, loading: bool = False) -> dict:
     model_sd = policy.model.sharded_state_dict()
     state = {"model": model_sd}
     if policy.optimizer is not None:
-        if loading:
-            prime_optimizer_state(policy.optimizer)
+        # loading, or saving before the optimizer's first step (PPO's critic-only steps): Adam's empty state
+        prime_optimizer_state(policy.optimizer)
         state["optimizer"] = policy.optimizer.sharded_state_dict(
             model_sd, is_loading=loading, metadata=FORMAT
         )
@@ -104,6 +107,15 @@ def sharded_state(policy, reference=None, loading: bool = False) -> dict:
         state[SCHEDULER_KEY] = policy.scheduler.state_dict()
     if reference is not None:
         state["reference"] = reference.model.sharded_state_dict(prefix="reference.")
+    if critic is not None:
+        critic_sd = critic.model.sharded_state_dict(prefix="critic.")
+        state["critic"] = critic_sd
+        prime_optimizer_state(critic.optimizer)
+        state["critic_optimizer"] = critic.optimizer.sharded_state_dict(
+            critic_sd, is_loading=loading, metadata=FORMAT
+        )
+        if not loading:
+            state[CRITIC_SCHEDULER_KEY] = critic.scheduler.state_dict()
     return state
 
 
@@ -160,8 +172,9 @@ class Checkpointer:
 
             self._queue = AsyncCallsQueue()
 
-    def save(self, step: int, policy, reference, run_state: dict) -> Path:
-        """Start (async) or do (sync) the save of `step`; returns the directory it will have when complete."""
+    def save(self, step: int, policy, reference, run_state: dict, critic=None) -> Path:
+        """Start (async) or do (sync) the save of `step`; returns the directory it will have when complete.
+        `critic`: PPO's, saved with its optimizer beside the policy."""
         from megatron.core import dist_checkpointing
 
         self.wait()  # at most one save in flight
@@ -170,7 +183,7 @@ class Checkpointer:
         if self.cpu_group is None:
             self.cpu_group = getattr(getattr(policy, "state", None), "cpu_group", None)
         group = self.cpu_group
-        state = sharded_state(policy, reference)
+        state = sharded_state(policy, reference, critic=critic)
         needed = self._check_space(bytes_to_write(state))
         if self.procs.is_main:
             shutil.rmtree(work, ignore_errors=True)  # an earlier attempt's leftovers, never loaded
@@ -189,7 +202,8 @@ class Checkpointer:
             request = dist_checkpointing.save(
                 state, str(work / "dist"), async_sharded_save=self.async_save, content_metadata=FORMAT
             )
-        nbytes = sum(p.numel() * p.element_size() for p in policy.model.parameters())
+        models = [policy] + ([critic] if critic is not None else [])
+        nbytes = sum(p.numel() * p.element_size() for m in models for p in m.model.parameters())
         if self.async_save:
             request = request._replace(async_fn=_then_write_sums(request.async_fn, work, rank, mine))
             request.add_finalize_fn(lambda: self._complete(work, final, step, t0))

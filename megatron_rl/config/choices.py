@@ -12,7 +12,9 @@ from __future__ import annotations
 FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 OVERLONG_MODES = ("none", "mask", "penalty")
 REFERENCE_PLACEMENTS = ("resident", "offload")
-REWARD_KINDS = ("sandbox", "function")
+REWARD_KINDS = ("sandbox", "function", "model")
+ALGORITHMS = ("grpo", "ppo")
+ADVANTAGE_WHITENING = ("batch", "scale", "none")
 REWARD_MODES = ("all_or_nothing", "fraction")
 REFUSAL_POLICIES = ("stop", "skip", "retry")
 # What a disagreement of the engines' and the trainer's log-probs does (rollout/agreement.py).

@@ -119,6 +119,50 @@ class AlgorithmConfig:
     # them in host memory and brings them over only for the reference log-probs (the planner counts
     # whichever is chosen).
     reference: str = "resident"  # resident | offload
+    # Passes over the step's minibatches (each minibatch one optimizer step of the policy, and of the critic
+    # with PPO); more than one pass needs the old log-probs recomputed before the first.
+    epochs: int = 1
+    # PPO (name=ppo; the critic is the `critic` group): per-token advantages by generalised advantage
+    # estimation (algorithms/gae.py), gamma the discount and lam the bias/variance trade-off; the sequence's
+    # reward lands on its last generated token. value_clip: the clipped value loss keeps the new value
+    # within this of the old one (0 = unclipped). advantage_whiten: batch = mean 0 and std 1 over the
+    # step's generated tokens, scale = std 1 with the mean kept, none. GRPO takes none of these.
+    gamma: float = 1.0
+    lam: float = 0.95
+    value_clip: float = 0.2
+    advantage_whiten: str = "batch"  # batch | scale | none
+
+
+@dataclass
+class CriticConfig:
+    """PPO's value model (algorithm.name=ppo): a GPT body with one scalar per token (trainer/value.py), trained
+    by the clipped value loss with its own AdamW and LR schedule, at the trainer's layout.
+
+    `init`: "policy" starts from the policy's weights (its LM head replaced by a zero value head); a path to
+    an HF `*ForSequenceClassification` checkpoint (a reward model) starts from that, score head included."""
+
+    init: str = "policy"
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    warmup_steps: int = 20  # RL steps of linear LR warm-up, as optim.warmup_steps
+    lr_schedule: str = "constant"  # constant | cosine
+    # RL steps at the start in which only the critic trains (the policy waits for useful values); they
+    # still generate and score, and count toward `steps`.
+    critic_only_steps: int = 0
+    # Passes of the critic over the step's minibatches (0 = algorithm.epochs): a critic that lags a moving
+    # policy takes more steps on the same returns than the policy does.
+    epochs: int = 0
+    # The critic's layout: tp and pp 0 = the trainer's (the only one this version runs: the critic shares
+    # the trainer's process groups); its own micro-batch size and activation recompute.
+    tp: int = 0
+    pp: int = 0
+    micro_batch_size: int = 0  # 0 = optim.micro_batch_size
+    recompute: str = ""  # "" = layout.recompute; none | selective | full
 
 
 @dataclass
@@ -197,8 +241,16 @@ class RolloutConfig:
 class RewardConfig:
     """How completions are scored."""
 
-    kind: str = "sandbox"  # sandbox | function
+    kind: str = "sandbox"  # sandbox | function | model
     function: str = ""  # module:function for kind=function
+    # A learned reward model (trainer/reward_model.py): an HF `*ForSequenceClassification` checkpoint with one
+    # label, scored on the trainer's devices after generation (frozen, on the host between uses like an
+    # offloaded reference). kind=model: the reward is model_weight x its score. With kind sandbox or
+    # function and a model_checkpoint, the reward is verifier_weight x the verifier's + model_weight x the
+    # model's. Its tokenizer must be the policy's.
+    model_checkpoint: str = ""
+    model_weight: float = 1.0
+    verifier_weight: float = 1.0
     mode: str = "all_or_nothing"  # all_or_nothing | fraction
     unsafe_local: bool = False  # run untrusted code without bubblewrap (loudly warned)
     workers: int = 2
@@ -338,6 +390,7 @@ class RecipeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     layout: LayoutConfig = field(default_factory=LayoutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -352,6 +405,7 @@ GROUPS: dict[str, type] = {
     "model": ModelConfig,
     "layout": LayoutConfig,
     "algorithm": AlgorithmConfig,
+    "critic": CriticConfig,
     "rollout": RolloutConfig,
     "reward": RewardConfig,
     "data": DataConfig,

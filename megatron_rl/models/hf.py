@@ -26,6 +26,11 @@ down_proj`, sharded like the dense MLP but over the *expert* TP (ETP), and held 
 that owns expert e. Names here count experts globally (0..E-1); a model's parameters count them per
 EP rank, mapped by `models/megatron.py global_param_name`.
 
+A value model (PPO's critic, a learned reward model) has a scalar head instead of the vocabulary's output
+layer: its `output_layer.weight` is [1, h], replicated over TP, from HF `score.weight` of a
+`*ForSequenceClassification` checkpoint with one label. The mapping names it VALUE_HEAD (`value_head=True`
+below), so no function here mistakes it for the vocabulary's rows.
+
 Legend: rows are dim 0 of a weight; `R` = row range; `hd` = head_dim; `G` = KV groups.
 """
 
@@ -42,14 +47,24 @@ from megatron_rl.models.spec import ModelSpec
 HFReader = Callable[[str, int | None, int, int], torch.Tensor]
 
 LAYER_PREFIX = "decoder.layers."
+VALUE_HEAD = (
+    "output_layer.value_head.weight"  # a value model's `output_layer.weight`, as the mapping names it
+)
+SCORE = "score.weight"  # its HF name in a *ForSequenceClassification checkpoint
 EXPERT_PREFIX = "mlp.experts.local_experts."
 
 
 def megatron_names(
-    spec: ModelSpec, layers: range, pre_process: bool, post_process: bool, experts: range | None = None
+    spec: ModelSpec,
+    layers: range,
+    pre_process: bool,
+    post_process: bool,
+    experts: range | None = None,
+    value_head: bool = False,
 ) -> list[str]:
     """Global megatron parameter names held by a PP stage with these layers (and, for an MoE model, these
-    global expert indices: one EP rank's share; every expert when None)."""
+    global expert indices: one EP rank's share; every expert when None). `value_head`: a value model's,
+    whose last stage holds the scalar head instead of the output layer."""
     names: list[str] = []
     experts = range(spec.num_experts) if experts is None else experts
     if pre_process:
@@ -71,7 +86,9 @@ def megatron_names(
                 ]
         else:
             names += [p + "mlp.linear_fc1.weight", p + "mlp.linear_fc2.weight"]
-    if post_process:
+    if post_process and value_head:
+        names += ["decoder.final_layernorm.weight", VALUE_HEAD]
+    elif post_process:
         names.append("decoder.final_layernorm.weight")
         # Tied embeddings: the last stage keeps its own copy of the embedding only when it is not
         # also the first stage (megatron syncs the two copies through the embedding group).
@@ -145,6 +162,8 @@ def hf_sources(spec: ModelSpec, name: str) -> list[str]:
             return ["model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"]
         if name == "decoder.final_layernorm.weight":
             return ["model.norm.weight"]
+        if name == VALUE_HEAD:
+            return [SCORE]
         raise KeyError(f"unknown megatron tensor {name!r}")
     p = f"model.layers.{layer}."
     if rest.startswith(EXPERT_PREFIX):
@@ -174,6 +193,8 @@ def hf_shape(spec: ModelSpec, hf_name: str) -> tuple[int, ...]:
         return (spec.vocab_size, h)
     if hf_name == "model.norm.weight" or hf_name.endswith("layernorm.weight"):
         return (h,)
+    if hf_name == SCORE:
+        return (1, h)
     leaf = hf_name.split(".", 3)[-1]
     if leaf.startswith("mlp.experts."):  # mlp.experts.{e}.gate_proj.weight
         e, leaf = leaf[len("mlp.experts.") :].split(".", 1)
@@ -205,9 +226,9 @@ def hf_shape(spec: ModelSpec, hf_name: str) -> tuple[int, ...]:
     return shapes[leaf]
 
 
-def all_hf_names(spec: ModelSpec) -> list[str]:
-    """Every tensor an HF checkpoint of this spec must hold."""
-    names = megatron_names(spec, range(spec.num_layers), True, True)
+def all_hf_names(spec: ModelSpec, value_head: bool = False) -> list[str]:
+    """Every tensor an HF checkpoint of this spec must hold (`value_head`: a sequence-classification one)."""
+    names = megatron_names(spec, range(spec.num_layers), True, True, value_head=value_head)
     return list(dict.fromkeys(s for n in names for s in hf_sources(spec, n)))
 
 

@@ -96,11 +96,44 @@ def hf_model(spec: ModelSpec, seed: int = 0, dtype: str = "float32"):
 
     torch.manual_seed(seed)
     model = getattr(transformers, _HF_CLASSES[spec.family][1])(hf_config(spec, dtype))
-    # Norm weights start at 1; perturb them so a swapped or missing norm shows in the logits.
+    _perturb_norms(model)
+    return model.eval()
+
+
+def _perturb_norms(model) -> None:
+    """Norm weights start at 1; perturb them so a swapped or missing norm shows in the outputs."""
+    import torch
+
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.add_(0.1 * torch.randn_like(p))
+
+
+# A reward model's padding id: transformers' *ForSequenceClassification scores the last token that is not
+# this one, so a batch scored against it must not contain it (or it must end every sequence's padding).
+REWARD_PAD_TOKEN_ID = 0
+
+
+def hf_reward_model(spec: ModelSpec, seed: int = 0, dtype: str = "float32"):
+    """A randomly initialised HF `<Family>ForSequenceClassification` of `spec` with one label (a learned
+    reward model, or a critic's starting point): eval mode, fp32 unless told.
+
+    `pad_token_id` is REWARD_PAD_TOKEN_ID (transformers refuses batches of more than one sequence without
+    one); the score head is drawn at std 1/sqrt(h), so scores are O(1) and a wrong hidden state shows."""
+    import torch
+    import transformers
+
+    cfg = hf_config(spec, dtype)
+    cls_name = _HF_CLASSES[spec.family][1].replace("ForCausalLM", "ForSequenceClassification")
+    cfg.architectures = [cls_name]
+    cfg.num_labels = 1
+    cfg.pad_token_id = REWARD_PAD_TOKEN_ID
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls_name)(cfg)
+    _perturb_norms(model)
+    with torch.no_grad():
+        model.score.weight.copy_(torch.randn_like(model.score.weight) / spec.hidden_size**0.5)
     return model.eval()
 
 
@@ -109,4 +142,12 @@ def write_hf_checkpoint(spec: ModelSpec, path: str | Path, seed: int = 0) -> Pat
     path = Path(path)
     model = hf_model(spec, seed)
     model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def write_hf_reward_model(spec: ModelSpec, path: str | Path, seed: int = 0) -> Path:
+    """Save a random one-label HF sequence-classification checkpoint of `spec` (`hf_reward_model`):
+    safetensors + config.json, `score.weight` [1, h] in place of an LM head."""
+    path = Path(path)
+    hf_reward_model(spec, seed).save_pretrained(path, safe_serialization=True)
     return path

@@ -1,4 +1,4 @@
-"""Capacity planner: size a GRPO run before renting GPUs.
+"""Capacity planner: size a GRPO or PPO run before renting GPUs.
 
 Pure Python (no torch): from a recipe's model, workload, cluster and assumptions it predicts tokens,
 FLOPs and GPU-seconds per phase, generation bound by HBM bandwidth and the longest completion,
@@ -6,10 +6,14 @@ scoring in the CPU pool, the serial and the overlapped cycle, weight publication
 cut, memory per GPU, checkpoints and failures, and ranks the layouts of the GPU count.
 
     inputs.py       the recipe's numbers (PlanInputs); the layout is megatron_rl.parallel.layout.ParallelLayout
-    flops.py        tokens per step, training / log-prob / prefill / decode FLOPs
+    models.py       the models on the trainer's GPUs (policy, reference, PPO's critic, a reward model):
+                    each one's stage parameters, head and matmul parameters
+    flops.py        tokens per step, training / log-prob / prefill / decode FLOPs; the critic's and the
+                    reward model's
     generation.py   decode bytes per step, KV capacity, concurrency, the longest-completion floor
     scoring.py      CPU pool time and how much hides behind generation
-    memory.py       trainer and engine memory per GPU; memory_per_gpu(recipe) for `validate`
+    memory.py       trainer and engine memory per GPU, by model and by moment; memory_per_gpu(recipe)
+                    for `validate`
     publication.py  weight bytes and the floor over each network cut
     reliability.py  checkpoint size and write time, Young/Daly interval, expected failures
     cycle.py        phase times on a layout, serial vs overlapped, colocated vs separated splits

@@ -15,10 +15,10 @@ Per rank and all-to-all, with T tokens routed by the rank (its 1/TP slice with s
 
 Where the group's ranks sit follows megatron-core's expert grid (ETP fastest, then EP, expert-DP,
 PP; the layout's `expert_coord`), ranks filling nodes in order. A step runs, per MoE layer of the
-heaviest stage and per microbatch, 4 all-to-alls to train (6 with full recompute) and 2 per
-log-prob forward. The two cuts work at once: a phase's all-to-all time is the slower of
-NVLink bytes / NVLink rate (per GPU) and IB bytes of the node / node IB rate, plus one collective
-latency per all-to-all. These seconds are added to the phase (train_fwd_bwd, old/ref log-probs):
+heaviest stage and per microbatch, 4 all-to-alls to train (6 with full recompute; once per pass,
+algorithm.epochs) and 2 per log-prob forward. The two cuts work at once: a phase's all-to-all time
+is the slower of NVLink bytes / NVLink rate (per GPU) and IB bytes of the node / node IB rate, plus
+one collective latency per all-to-all. These seconds are added to the phase (train_fwd_bwd, old/ref log-probs):
 the assumed MFU is that of dense compute and does not include them.
 """
 
@@ -29,6 +29,7 @@ from functools import lru_cache
 
 from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.plan.inputs import PlanInputs
+from megatron_rl.plan.models import critic_recompute, critic_view, reward_view
 
 TRAIN_PASSES = 4  # dispatch and combine forward, their gradients backward
 RECOMPUTE_PASSES = 2  # full recompute reruns the forward's two
@@ -95,16 +96,29 @@ def rank_microbatches(inp: PlanInputs, layout: ParallelLayout, sequences: int) -
 
 
 def step_alltoall(inp: PlanInputs, layout: ParallelLayout) -> dict:
-    """One step's all-to-all per trainer rank, by phase, and in total (what the report prints)."""
+    """One step's all-to-all per trainer rank, by phase, and in total (what the report prints): the
+    policy's training passes (algorithm.epochs of them), its log-prob forwards, and PPO's critic and a
+    reward model when they are mixtures of experts too (each at its own shape and micro-batch size)."""
     w = inp.work
     per_minibatch = max(1, w.samples // w.minibatches)
     train_passes = TRAIN_PASSES + (RECOMPUTE_PASSES if layout.recompute == "full" else 0)
-    train = alltoall(inp, layout, w.minibatches * rank_microbatches(inp, layout, per_minibatch), train_passes)
+    steps = w.epochs * w.minibatches
+    train = alltoall(inp, layout, steps * rank_microbatches(inp, layout, per_minibatch), train_passes)
     forward = alltoall(inp, layout, rank_microbatches(inp, layout, w.samples), FORWARD_PASSES)
     phases = {
         "train_fwd_bwd": train,
         "old_logprobs": forward if w.old_forward else alltoall(inp, layout, 0, 0),
         "ref_logprobs": forward if w.reference_forward else alltoall(inp, layout, 0, 0),
     }
+    if inp.reward_model is not None:
+        r = reward_view(inp)
+        phases["reward_model"] = alltoall(r, layout, rank_microbatches(r, layout, w.samples), FORWARD_PASSES)
+    if inp.critic is not None:
+        c = critic_view(inp)
+        passes = TRAIN_PASSES + (RECOMPUTE_PASSES if critic_recompute(inp, layout.recompute) == "full" else 0)
+        phases["critic_values"] = alltoall(c, layout, rank_microbatches(c, layout, w.samples), FORWARD_PASSES)
+        phases["critic_train"] = alltoall(
+            c, layout, steps * rank_microbatches(c, layout, per_minibatch), passes
+        )
     total = {k: sum(p[k] for p in phases.values()) for k in train}
     return {"ep": layout.ep, "etp": layout.etp, "phases": phases, **total}

@@ -21,6 +21,16 @@ per-expert GEMMs (no transformer-engine: a CPU cluster; models/experts.py) their
 per local expert (`per_expert_seconds`); grouped GEMMs are inside the MFU.
 Colocated GPUs also pay a switch each step: the trainer offloads grads and optimizer state to the
 host while the engine runs, and a level-1 sleeping engine offloads its weights while the trainer runs.
+
+Training runs algorithm.epochs passes over the minibatches: train_fwd_bwd and optimizer (one
+optimizer step per minibatch and pass) scale with it. PPO and a learned reward model add phases on
+the trainer GPUs, each at its own model's FLOPs (plan/flops.py) and the same layout effects:
+    reward_model   the reward model's forward over every sequence, plus bringing its weights from the
+                   host (it lives there between uses)
+    critic_values  the critic's forward over every sample (the old values for GAE)
+    critic_train   the critic's forward and backward over every minibatch of every pass and its own
+                   optimizer step after each (its DP reduce; the loop times them as one phase)
+and the colocated switch moves the critic's grads and optimizer state too (its weights stay).
 """
 
 from __future__ import annotations
@@ -31,17 +41,46 @@ from dataclasses import dataclass
 from megatron_rl.models.experts import PER_EXPERT
 from megatron_rl.parallel.layout import RECOMPUTE_MODES, ParallelLayout
 from megatron_rl.plan.alltoall import step_alltoall
-from megatron_rl.plan.flops import logprob_forward_flops, recompute_extra_flops, train_flops
+from megatron_rl.plan.flops import (
+    critic_flops,
+    logprob_forward_flops,
+    recompute_extra_flops,
+    reward_model_flops,
+    train_flops,
+)
 from megatron_rl.plan.generation import Generation, generation
 from megatron_rl.plan.inputs import PER_EXPERT_FORWARD_S, PlanInputs
 from megatron_rl.plan.memory import GRAD_BYTES, memory_fit, stage_params, stage_params_per_gpu
+from megatron_rl.plan.models import LM, SCORE, VALUE, critic_recompute, critic_view, reward_view
 from megatron_rl.plan.publication import publication
 from megatron_rl.plan.scoring import scoring
 
 # The step phases, in the loop's order and with the names its step records use.
-PHASES = ("generation", "scoring", "old_logprobs", "ref_logprobs", "train_fwd_bwd", "optimizer", "publish")
+PHASES = (
+    "generation",
+    "scoring",
+    "reward_model",
+    "old_logprobs",
+    "ref_logprobs",
+    "critic_values",
+    "train_fwd_bwd",
+    "optimizer",
+    "critic_train",
+    "publish",
+)
 COLLECTION = ("generation", "scoring", "publish")
-LEARNING = ("old_logprobs", "ref_logprobs", "train_fwd_bwd", "optimizer", "publish", "other")
+# On the trainer GPUs: every forward, backward and optimizer step (the reward model's and the critic's too).
+LEARNING = (
+    "reward_model",
+    "old_logprobs",
+    "ref_logprobs",
+    "critic_values",
+    "train_fwd_bwd",
+    "optimizer",
+    "critic_train",
+    "publish",
+    "other",
+)
 
 
 @dataclass(frozen=True)
@@ -143,29 +182,18 @@ def per_expert_seconds(inp: PlanInputs, layout: ParallelLayout, sequences: int, 
     return calls * math.ceil(s.num_experts / layout.ep) * forwards * PER_EXPERT_FORWARD_S
 
 
-def trainer_phases(inp: PlanInputs, layout: ParallelLayout) -> dict:
-    """Wall seconds of the trainer's phases on `layout.trainer_gpus` GPUs."""
-    w, hw, s = inp.work, inp.hw, inp.spec
-    rate = layout.trainer_gpus * hw.peak_flops * inp.assume.train_mfu
-    per_minibatch = max(1, w.samples // w.minibatches)
-    lp = logprob_forward_flops(inp)
-    fwd_stretch = _stretch(inp, layout, w.samples)
-    fwd_comm = _pp_p2p_seconds(inp, layout, w.samples, passes=1)
-    fwd_comm += _tp_collective_seconds(inp, layout, w.samples, backward=False)
-    fwd_comm += per_expert_seconds(inp, layout, w.samples, backward=False)
-    train_comm = _pp_p2p_seconds(inp, layout, per_minibatch, passes=2)
-    train_comm += _tp_collective_seconds(inp, layout, per_minibatch, backward=True)
-    train_comm += per_expert_seconds(inp, layout, per_minibatch, backward=True)
-    train = train_flops(inp) + recompute_extra_flops(inp, layout.recompute)
-    out = {
-        "old_logprobs": (lp["old"] / rate * fwd_stretch + fwd_comm) if lp["old"] else 0.0,
-        "ref_logprobs": (lp["ref"] / rate * fwd_stretch + fwd_comm) if lp["ref"] else 0.0,
-        "train_fwd_bwd": train / rate * _stretch(inp, layout, per_minibatch) + w.minibatches * train_comm,
-    }
-    if s.is_moe:  # expert parallelism's token all-to-all (plan/alltoall.py), outside the assumed MFU
-        for phase, a2a in step_alltoall(inp, layout)["phases"].items():
-            if out[phase]:
-                out[phase] += a2a["seconds"]
+def _pass_comm(inp: PlanInputs, layout: ParallelLayout, sequences: int, backward: bool) -> float:
+    """One rank's pipeline sends, TP collective latency and per-expert overhead of a pass over `sequences`."""
+    out = _pp_p2p_seconds(inp, layout, sequences, passes=2 if backward else 1)
+    out += _tp_collective_seconds(inp, layout, sequences, backward=backward)
+    out += per_expert_seconds(inp, layout, sequences, backward=backward)
+    return out
+
+
+def optimizer_step_seconds(inp: PlanInputs, layout: ParallelLayout, head: str = LM) -> float:
+    """One optimizer step's DP gradient reduce-scatter and parameter all-gather (all-reduce without the
+    distributed optimizer) of the model of `inp.spec` with `head`, per GPU of its heaviest stage."""
+    hw, s = inp.hw, inp.spec
     ranks_per_group_span = layout.tp * layout.cp * layout.dp
     link = hw.nvlink_bytes_per_s if ranks_per_group_span <= hw.gpus_per_node else hw.gpu_ib_bytes_per_s
     if inp.assume.distributed_optimizer:  # reduce-scatter fp32 grads + all-gather updated params
@@ -173,23 +201,73 @@ def trainer_phases(inp: PlanInputs, layout: ParallelLayout) -> dict:
     else:  # all-reduce of fp32 grads
         per_byte = 2 * GRAD_BYTES
     if s.is_moe:  # dense grads reduce over DP x CP, the experts' over expert-DP (the same span of ranks)
-        dense_gpu, expert_gpu = max(stage_params_per_gpu(inp, layout), key=sum)
+        dense_gpu, expert_gpu = max(stage_params_per_gpu(inp, layout, head), key=sum)
         group, egroup = layout.dp * layout.cp, max(1, layout.expert_dp)
-        comm = (dense_gpu * (group - 1) / group + expert_gpu * (egroup - 1) / egroup) * per_byte / link
-    else:
-        params_gpu = max(stage_params(inp, layout)) / layout.tp
-        group = layout.dp * layout.cp
-        comm = params_gpu * per_byte * (group - 1) / group / link
-    out["optimizer"] = w.minibatches * comm
+        return (dense_gpu * (group - 1) / group + expert_gpu * (egroup - 1) / egroup) * per_byte / link
+    params_gpu = max(stage_params(inp, layout, head)) / layout.tp
+    group = layout.dp * layout.cp
+    return params_gpu * per_byte * (group - 1) / group / link
+
+
+def trainer_phases(inp: PlanInputs, layout: ParallelLayout) -> dict:
+    """Wall seconds of the trainer's phases on `layout.trainer_gpus` GPUs."""
+    w, hw, s = inp.work, inp.hw, inp.spec
+    rate = layout.trainer_gpus * hw.peak_flops * inp.assume.train_mfu
+    per_minibatch = max(1, w.samples // w.minibatches)
+    steps = w.epochs * w.minibatches  # optimizer steps of each trained model
+    lp = logprob_forward_flops(inp)
+    fwd_stretch = _stretch(inp, layout, w.samples)
+    fwd_comm = _pass_comm(inp, layout, w.samples, backward=False)
+    train_comm = _pass_comm(inp, layout, per_minibatch, backward=True)
+    train = train_flops(inp) + recompute_extra_flops(inp, layout.recompute)
+    out = {}
+    if inp.reward_model is not None:  # its forward, after bringing its weights (TP x PP shard) from the host
+        r = reward_view(inp)
+        upload = (
+            max(stage_params(r, layout, SCORE)) / layout.tp * r.spec.dtype_bytes / hw.host_link_bytes_per_s
+        )
+        out["reward_model"] = (
+            reward_model_flops(inp) / rate * _stretch(r, layout, w.samples)
+            + _pass_comm(r, layout, w.samples, backward=False)
+            + upload
+        )
+    out |= {
+        "old_logprobs": (lp["old"] / rate * fwd_stretch + fwd_comm) if lp["old"] else 0.0,
+        "ref_logprobs": (lp["ref"] / rate * fwd_stretch + fwd_comm) if lp["ref"] else 0.0,
+    }
+    if inp.critic is not None:
+        c = critic_view(inp)
+        c_layout = layout.with_(recompute=critic_recompute(inp, layout.recompute))
+        cf = critic_flops(inp, c_layout.recompute)
+        out["critic_values"] = cf["values"] / rate * _stretch(c, layout, w.samples) + _pass_comm(
+            c, c_layout, w.samples, backward=False
+        )
+    out["train_fwd_bwd"] = train / rate * _stretch(inp, layout, per_minibatch) + steps * train_comm
+    out["optimizer"] = steps * optimizer_step_seconds(inp, layout)
+    if inp.critic is not None:
+        critic_step = _pass_comm(c, c_layout, per_minibatch, backward=True) + optimizer_step_seconds(
+            c, layout, VALUE
+        )
+        critic_compute = (cf["train"] + cf["recompute_extra"]) / rate * _stretch(c, layout, per_minibatch)
+        out["critic_train"] = critic_compute + w.critic_epochs * w.minibatches * critic_step
+    side_moe = any(m is not None and m.is_moe for m in (inp.reward_model, inp.critic and inp.critic.spec))
+    if s.is_moe or side_moe:  # expert parallelism's token all-to-all (plan/alltoall.py), outside the MFU
+        for phase, a2a in step_alltoall(inp, layout)["phases"].items():
+            if out.get(phase):
+                out[phase] += a2a["seconds"]
     return out
 
 
 def switch_seconds(inp: PlanInputs, layout: ParallelLayout, memory: dict) -> float:
-    """Colocated only: host offload and reload of what each side does not need while the other runs."""
+    """Colocated only: host offload and reload of what each side does not need while the other runs
+    (with PPO the critic's grads and optimizer state too; its weights, like the policy's, stay)."""
     if not layout.colocated:
         return 0.0
     tr = memory["trainer"]
     moved = 2 * (tr["grads"] + tr["optimizer"])
+    if tr.get("critic"):
+        critic = memory["trainer"]["by_model"]["critic"]
+        moved += 2 * (critic["grads"] + critic["optimizer"])
     if inp.assume.sleep_level == 1:
         moved += 2 * memory["engine"]["weights"]
     return moved / inp.hw.host_link_bytes_per_s

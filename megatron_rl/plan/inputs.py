@@ -37,7 +37,7 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class Workload:
-    """One GRPO step: what is generated, scored and trained."""
+    """One step (GRPO or PPO): what is generated, scored and trained."""
 
     prompts: int
     samples_per_prompt: int
@@ -57,6 +57,11 @@ class Workload:
     # Multi-turn (rollout.env): turns per trajectory, each graded by its environment in the pool (the
     # planner takes rollout.max_turns: a trajectory that passes early takes fewer). 1: single-turn.
     turns: int = 1
+    # Passes over the minibatches (algorithm.epochs): each minibatch of each pass is one optimizer step of
+    # the policy (and of the critic with PPO).
+    epochs: int = 1
+    # The critic's passes (critic.epochs, the policy's when 0); PPO only.
+    critic_epochs: int = 1
 
     @property
     def samples(self) -> int:
@@ -126,12 +131,30 @@ class Assumptions:
 
 
 @dataclass(frozen=True)
+class CriticInputs:
+    """PPO's value model (algorithm.name=ppo): a GPT body of `spec`'s shape with a one-output value head
+    (no vocabulary-sized output layer), trained with its own AdamW at the trainer's layout."""
+
+    spec: ModelSpec
+    micro_batch_size: int  # critic.micro_batch_size, or optim.micro_batch_size when that is 0
+    recompute: str = ""  # critic.recompute; "" = the layout's
+    init: str = "policy"  # critic.init: the policy's weights, or an HF reward model's path
+
+
+@dataclass(frozen=True)
 class PlanInputs:
     name: str
     spec: ModelSpec
     work: Workload
     hw: Hardware
     assume: Assumptions
+    # The models beside the policy on the trainer's GPUs (plan/models.py): PPO's critic, and a learned reward
+    # model (an HF *ForSequenceClassification checkpoint, frozen, scored after generation). None: absent.
+    critic: CriticInputs | None = None
+    reward_model: ModelSpec | None = None
+    reward_checkpoint: str = ""  # reward.model_checkpoint
+    # Recipe keys whose model shape could not be read here and was taken to be the policy's (run.assumed).
+    assumed: tuple[str, ...] = ()
 
     # ---- model numbers every module uses ----
     @property
@@ -192,6 +215,8 @@ def inputs_from_run(run) -> PlanInputs:
     check (megatron_rl/check/recipe.py, which `megatron-rl plan` runs first): values are not re-checked here."""
     recipe, spec = run.recipe, run.spec
     d, r, c, p, a = recipe.data, recipe.rollout, recipe.cluster, recipe.plan, recipe.algorithm
+    # A second pass over the minibatches follows updates, as a second minibatch does (algorithms/old_policy.py).
+    old_forward = needs_forward(a.old_logprobs, a.minibatches, a.kl_in_reward, a.kl_coef, a.epochs)
     work = Workload(
         prompts=d.prompts_per_step,
         samples_per_prompt=r.samples_per_prompt,
@@ -202,11 +227,14 @@ def inputs_from_run(run) -> PlanInputs:
         minibatches=recipe.algorithm.minibatches,
         micro_batch_size=recipe.optim.micro_batch_size,
         reference_forward=recipe.algorithm.kl_coef > 0,
-        old_forward=needs_forward(a.old_logprobs, a.minibatches, a.kl_in_reward, a.kl_coef),
-        seconds_per_sample=recipe.reward.seconds_per_sample,
+        old_forward=old_forward,
+        # reward.kind=model: the reward model alone scores (on the trainer's GPUs), no verifier in the pool.
+        seconds_per_sample=0.0 if recipe.reward.kind == "model" else recipe.reward.seconds_per_sample,
         pool_cores=recipe.reward.pool_cores,
         steps=recipe.steps,
         turns=r.max_turns if r.env else 1,
+        epochs=a.epochs,
+        critic_epochs=recipe.critic.epochs or a.epochs,
     )
     hw = Hardware(
         nodes=c.nodes,
@@ -238,4 +266,23 @@ def inputs_from_run(run) -> PlanInputs:
         reference=recipe.algorithm.reference,
         expert_gemm=expert_gemm(use_te=run.on_gpu),
     )
-    return PlanInputs(name=recipe.name, spec=spec, work=work, hw=hw, assume=assume)
+    critic = None
+    if run.critic_spec is not None:
+        cr = recipe.critic
+        critic = CriticInputs(
+            spec=run.critic_spec,
+            micro_batch_size=cr.micro_batch_size or recipe.optim.micro_batch_size,
+            recompute=cr.recompute,
+            init=cr.init,
+        )
+    return PlanInputs(
+        name=recipe.name,
+        spec=spec,
+        work=work,
+        hw=hw,
+        assume=assume,
+        critic=critic,
+        reward_model=run.reward_spec,
+        reward_checkpoint=recipe.reward.model_checkpoint if run.reward_spec is not None else "",
+        assumed=tuple(run.assumed),
+    )

@@ -24,10 +24,13 @@ COLORS = {
     "switch": "#bbbbbb",
     "generation": "#4c72b0",
     "scoring": "#dd8452",
+    "reward_model": "#da8bc3",  # a learned reward model's forward (on the trainer GPUs)
     "old_logprobs": "#55a868",
     "ref_logprobs": "#8fd19e",
+    "critic_values": "#64b5cd",  # PPO's critic
     "train_fwd_bwd": "#c44e52",
     "optimizer": "#8172b3",
+    "critic_train": "#2a7f9e",
     "publish": "#937860",
     "other": "#999999",
 }

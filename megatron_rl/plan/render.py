@@ -11,6 +11,7 @@ from megatron_rl.plan.wording import num as _f
 
 PF = 1e15
 GB = 1e9
+GIB_B = 2**30  # bytes in a GiB: a model's params (GiB) per parameter back to bytes
 
 
 def _count(n: float) -> str:
@@ -56,6 +57,7 @@ def _header(r: PlanReport) -> list[str]:
         *moe,
         f"         KV cache {b:,} B/token = 2 x {m.layers} layers x {m.kv_heads} KV heads x "
         f"{m.head_dim} x {b // (2 * m.layers * m.kv_heads * m.head_dim)} B",
+        *_side_models(r),
         f"Cluster  {count(c.nodes, 'node')} x {c.gpus_per_node} = {count(c.gpus, 'GPU')}; {c.gpu_memory_gib:.0f} GiB, "
         f"HBM {_f(c.hbm_gbps, 0)} GB/s, {c.peak_tflops:,.4g} TFLOPS bf16 dense; NVLink "
         f"{_f(c.nvlink_gbps, 0)} GB/s; IB {_f(c.node_ib_gbps, 0)} GB/s per node; storage "
@@ -67,6 +69,32 @@ def _header(r: PlanReport) -> list[str]:
         f"{a.engine_runtime_gib:g} GiB engine per GPU; TP all-reduce {a.decode_allreduce_latency_s * 1e6:g} us; "
         f"host link {a.host_link_gbps:g} GB/s; restart {a.restart_s:.0f} s",
     ]
+
+
+_HEADS = {"value": "a one-output value head", "score": "a one-label score head"}
+
+
+def _side_models(r: PlanReport) -> list[str]:
+    """PPO's critic and a learned reward model, and which shapes were assumed (run.assumed)."""
+    m = r.model
+    out = []
+    for label, side, what in (
+        ("Critic  ", m.critic, "PPO's value model, trained at the trainer's layout"),
+        ("Reward  ", m.reward_model, "a learned reward model, frozen, scored after generation"),
+    ):
+        if side is None:
+            continue
+        start = "the policy's weights" if side.source == "policy" else side.source
+        out.append(
+            f"{label} {what}: {side.layers} layers x {side.hidden} with {_HEADS.get(side.head, side.head)}, "
+            f"{_count(side.params)} params ({_count(side.matmul_params)} in matmuls), from {start}"
+            + (
+                f"; SHAPE ASSUMED: {side.key}'s config.json is not readable here, the policy's shape is planned"
+                if side.shape_assumed
+                else ""
+            )
+        )
+    return out
 
 
 def _tokens(r: PlanReport) -> list[str]:
@@ -106,9 +134,37 @@ def _compute(r: PlanReport) -> list[str]:
                 f"{_f(gs.train_recompute_extra, 0)} GPU-s",
             )
         )
+    if fl.epochs > 1:
+        rows[0] = (f"policy training (6·P + attention) x {fl.epochs} epochs", *rows[0][1:])
+    rows += _side_compute(r)
     return ["", f"2. Compute (GPU-seconds at {a.train_mfu:.0%} MFU = {rate:,.4g} TFLOPS per GPU)"] + _rows(
         rows
     )
+
+
+def _side_compute(r: PlanReport) -> list[tuple]:
+    """The rows of PPO's critic and of a reward model: each at its own matmul parameters."""
+    fl, gs, m = r.flops, r.gpu_seconds, r.model
+    rows = []
+    if m.reward_model is not None:
+        rows.append(
+            (
+                "reward model forward (2·P_rm + attention)",
+                f"{_f(fl.reward_model / PF)} PFLOP",
+                f"{_f(gs.reward_model, 0)} GPU-s",
+            )
+        )
+    if m.critic is not None:
+        epochs = f" x {fl.epochs} epochs" if fl.epochs > 1 else ""
+        rows += [
+            ("critic old values (2·P_c + attention)", f"{_f(fl.critic_values / PF)} PFLOP", ""),
+            (f"critic training (6·P_c + attention){epochs}", f"{_f(fl.critic_train / PF)} PFLOP", ""),
+        ]
+        if fl.critic_recompute_extra:
+            rows.append(("critic recompute (extra)", f"{_f(fl.critic_recompute_extra / PF)} PFLOP", ""))
+        total = fl.critic_values + fl.critic_train + fl.critic_recompute_extra
+        rows.append(("critic together", f"{_f(total / PF)} PFLOP", f"{_f(gs.critic, 0)} GPU-s"))
+    return rows
 
 
 def _generation(r: PlanReport) -> list[str]:
@@ -204,6 +260,9 @@ def _cycle(r: PlanReport) -> list[str]:
     return L
 
 
+_SIDE_A2A = (("critic_train", "the critic's"), ("reward_model", "the reward model's"))
+
+
 def _alltoall(r: PlanReport) -> list[str]:
     """A mixture of experts' token all-to-all (per trainer GPU per step), inside the phases above."""
     a = r.alltoall
@@ -214,7 +273,9 @@ def _alltoall(r: PlanReport) -> list[str]:
     return [
         f"   MoE all-to-all (EP{a.ep})    {a.count:,} per GPU per step: NVLink {_f(a.nvlink_bytes / GB, 2)} GB "
         f"per GPU, IB {_f(a.ib_bytes_per_node / GB, 2)} GB per node ({_f(a.ib_bytes / GB, 2)} GB per GPU) "
-        f"-> {_f(a.seconds, 2)} s (in train_fwd_bwd and the log-prob forwards)"
+        f"-> {_f(a.seconds, 2)} s (in train_fwd_bwd and the log-prob forwards"
+        + "".join(f"; {who} in its phases" for key, who in _SIDE_A2A if key in a.phases)
+        + ")"
     ]
 
 
@@ -250,13 +311,85 @@ def _memory(r: PlanReport) -> list[str]:
         f"{tr.grads:.1f} + optimizer {tr.optimizer:.1f} + activations {tr.activations:.1f} "
         f"({count(tr.in_flight_microbatches, 'microbatch', 'microbatches')} in flight, recompute "
         f"{tr.recompute}) + logits "
-        f"{tr.logits:.1f} + runtime {tr.runtime:.1f}",
+        f"{tr.logits:.1f} + runtime {tr.runtime:.1f}" + _critic_parts(r),
         "   activations by recompute: " + ", ".join(f"{k} {v:.1f}" for k, v in act.items()),
         f"   engine {en.total:.1f} = weights {en.weights:.1f} + KV cache {en.kv_cache:.1f} + runtime "
         f"{en.runtime:.1f}",
+        *_by_model(r),
         f"   peak {mg.peak_per_gpu:.1f}: "
         + ("fits" if mg.fits else "DOES NOT FIT: " + "; ".join(mg.reasons)),
     ]
+
+
+def _critic_parts(r: PlanReport) -> str:
+    """PPO: the critic's training state and what its working set adds to the policy's (one trains at a time)."""
+    tr = r.memory_gib.trainer
+    if "critic" not in r.memory_gib.by_model:
+        return ""
+    beyond = max(0.0, tr.critic_activations - (tr.activations + tr.logits))
+    return (
+        f" + critic {tr.critic:.1f} (its params, grads and optimizer) + {beyond:.1f} (its activations and values "
+        f"{tr.critic_activations:.1f} beyond the policy's: the two train one after the other)"
+    )
+
+
+_ROLES = {"policy": "policy", "critic": "critic", "reference": "reference", "reward_model": "reward model"}
+_MOMENTS = {
+    "generating": "generating (engine + the trainer's weights)",
+    "training": "training",
+    "constructing": "building the engine",
+    "reference_forward": "reference forward",
+    "reward_model_forward": "reward model forward",
+}
+
+
+def _per_param(m) -> list[str]:
+    """A trained model's bytes per parameter by part: params, grads, optimizer (as full/shards when the
+    distributed optimizer divides it evenly; a mixture of experts' shards differ, so the mean then)."""
+    n = m.parameters / GIB_B  # the parts are in GiB
+    parts = [f"{m.params / n:.3g}", f"{m.grads / n:.3g}"]
+    shards = m.optimizer_shards or 1
+    full = m.optimizer * shards / n
+    if shards > 1 and abs(full - round(full)) < 1e-6:
+        parts.append(f"{round(full)}/{shards}")
+    else:
+        parts.append(f"{m.optimizer / n:.3g}")
+    return parts
+
+
+def _by_model(r: PlanReport) -> list[str]:
+    """Each model's share of a trainer GPU (a trained one checkable as parameters x bytes per parameter),
+    then every moment's total."""
+    mg = r.memory_gib
+    tr = mg.trainer
+    rows = [
+        ("model", "params here", "B/param", "params", "grads", "optimizer", "activations", "on the device")
+    ]
+    for role, m in mg.by_model.items():
+        how = f"{m.bytes_per_param:.3g}"
+        if m.state is not None and m.parameters:
+            how += " = " + " + ".join(_per_param(m))
+        output = m.logits if m.logits is not None else m.values
+        act = "" if m.activations is None else f"{m.activations:.1f}" + (f" + {output:.1f}" if output else "")
+        rows.append(
+            (
+                _ROLES.get(role, role),
+                _count(m.parameters),
+                how,
+                f"{m.params:.1f}",
+                "" if m.grads is None else f"{m.grads:.1f}",
+                "" if m.optimizer is None else f"{m.optimizer:.1f}",
+                act,
+                m.on_device or "",
+            )
+        )
+    out = [
+        f"   by model, per GPU of PP stage {tr.stage} (params + grads + optimizer = params here x B/param):"
+    ]
+    out += _rows(rows, indent="     ")
+    if mg.moments:
+        out.append("   moments: " + ", ".join(f"{_MOMENTS.get(k, k)} {v:.1f}" for k, v in mg.moments.items()))
+    return out
 
 
 def _reliability(r: PlanReport) -> list[str]:

@@ -18,14 +18,18 @@ from megatron_rl.plan import reliability as rel_mod
 from megatron_rl.plan.alltoall import step_alltoall
 from megatron_rl.plan.cycle import Cycle, cycle
 from megatron_rl.plan.flops import (
+    critic_flops,
     logprob_forward_flops,
+    model_flops,
     prefill_flops,
     recompute_extra_flops,
+    reward_model_flops,
     tokens_per_step,
     train_flops,
 )
 from megatron_rl.plan.inputs import GIB, HOST_LINK_BYTES_PER_S, PlanInputs
-from megatron_rl.plan.memory import trainer_memory
+from megatron_rl.plan.memory import by_model_gib, trainer_memory
+from megatron_rl.plan.models import critic_recompute, side_models
 from megatron_rl.plan.report_types import (
     AllToAll,
     AllToAllPhase,
@@ -39,6 +43,7 @@ from megatron_rl.plan.report_types import (
     Flops,
     GpuSeconds,
     MemoryReport,
+    ModelMemory,
     ModelSummary,
     PerSampleTokens,
     PlanReport,
@@ -50,6 +55,7 @@ from megatron_rl.plan.report_types import (
     Scoring,
     SearchSummary,
     Seconds,
+    SideModel,
     Target,
     Tokens,
     TrainerMemory,
@@ -108,6 +114,10 @@ def _dominant(inp: PlanInputs, c: Cycle, gpu_s: GpuSeconds, step: Cycle) -> Domi
         "train": gpu_s.train + gpu_s.train_recompute_extra,
         "logprob_forwards": gpu_s.logprob_forwards,
     }
+    if inp.critic is not None:
+        work["critic"] = gpu_s.critic
+    if inp.reward_model is not None:
+        work["reward_model"] = gpu_s.reward_model
     ph = step.phases
     wall = {
         "generation": ph.get("generation", 0.0),
@@ -127,6 +137,17 @@ def _dominant(inp: PlanInputs, c: Cycle, gpu_s: GpuSeconds, step: Cycle) -> Domi
         f"{num(wall['generation'])} s, scoring (exposed) {num(wall['scoring'])} s, training "
         f"{num(wall['train'])} s, log-prob forwards {num(wall['logprob_forwards'])} s)."
     ]
+    side = [
+        f"{label} {num(ph[name])} s"
+        for name, label in (
+            ("reward_model", "the reward model's forward"),
+            ("critic_values", "the critic's old values"),
+            ("critic_train", "the critic's training"),
+        )
+        if name in ph
+    ]
+    if side:
+        parts.append(f"Beside the policy the trainer GPUs also run {', '.join(side)} per step.")
     if by_wall == "scoring":
         parts.append(
             f"Scoring is the CPU pool's: {count(w.samples, 'sample')} x {w.seconds_per_sample:g} core-s over "
@@ -187,6 +208,8 @@ def _model(inp: PlanInputs) -> ModelSummary:
         experts=s.num_experts if s.is_moe else None,
         experts_per_token=s.moe_topk if s.is_moe else None,
         expert_gemm=inp.assume.expert_gemm if s.is_moe else None,
+        **{role: from_dict(SideModel, side) for role, side in side_models(inp).items()},
+        assumed=tuple(inp.assumed) or None,
     )
 
 
@@ -222,6 +245,8 @@ def _tokens(inp: PlanInputs) -> Tokens:
 
 def _flops(inp: PlanInputs, layout: ParallelLayout, own: Cycle) -> Flops:
     lp = logprob_forward_flops(inp)
+    critic_rec = critic_recompute(inp, layout.recompute)
+    cf = critic_flops(inp, critic_rec)
     return Flops(
         train=train_flops(inp),
         train_recompute_extra=recompute_extra_flops(inp, layout.recompute),
@@ -230,6 +255,12 @@ def _flops(inp: PlanInputs, layout: ParallelLayout, own: Cycle) -> Flops:
         ref_logprobs=lp["ref"],
         prefill_shared=own.gen.prefill_flops_shared,
         prefill_unshared=own.gen.prefill_flops_unshared,
+        epochs=inp.work.epochs,
+        critic_values=cf["values"],
+        critic_train=cf["train"],
+        critic_recompute_extra=cf["recompute_extra"],
+        reward_model=reward_model_flops(inp),
+        by_model=model_flops(inp, layout.recompute, critic_rec),
     )
 
 
@@ -240,6 +271,11 @@ def _gpu_seconds(inp: PlanInputs, layout: ParallelLayout, own: Cycle, step: Cycl
     train = train_flops(inp) / rate
     extra = recompute_extra_flops(inp, layout.recompute) / rate
     logprob = logprob_forward_flops(inp)["total"] / rate
+    critic = critic_flops(inp, critic_recompute(inp, layout.recompute))["total"] / rate
+    rm = reward_model_flops(inp) / rate
+    work = train + extra + logprob + g.gpu_seconds
+    if inp.critic is not None or inp.reward_model is not None:
+        work += critic + rm
     return GpuSeconds(
         train=train,
         train_recompute_extra=extra,
@@ -248,7 +284,9 @@ def _gpu_seconds(inp: PlanInputs, layout: ParallelLayout, own: Cycle, step: Cycl
         generation_held=g.gpu_seconds_held,
         prefill=prefill_flops(inp, inp.assume.prefix_sharing) / rate,
         step_held=layout.gpus * step.step_s,
-        step_work=train + extra + logprob + g.gpu_seconds,
+        step_work=work,
+        critic=critic,
+        reward_model=rm,
     )
 
 
@@ -279,18 +317,21 @@ def _publication(pub: Mapping[str, Any]) -> Publication:
 
 def _memory(inp: PlanInputs, layout: ParallelLayout, fit: Mapping[str, Any]) -> MemoryReport:
     engine = {k: v for k, v in fit["engine"].items() if k != "kv_bytes_per_token_per_gpu"}
+    trainer = {k: v for k, v in fit["trainer"].items() if k != "by_model"}
     return MemoryReport(
         trainer_per_gpu=fit["trainer"]["total"] / GIB,
         engine_per_gpu=fit["engine"]["total"] / GIB,
         peak_per_gpu=fit["peak"] / GIB,
         gpu_memory=inp.hw.gpu_memory_bytes / GIB,
-        trainer=from_dict(TrainerMemory, _gib(fit["trainer"])),
+        trainer=from_dict(TrainerMemory, _gib(trainer)),
         engine=from_dict(EngineMemory, _gib(engine)),
         activations_by_recompute={
             m: trainer_memory(inp, layout, m)["activations"] / GIB for m in RECOMPUTE_MODES
         },
         fits=fit["fits"],
         reasons=tuple(fit["reasons"]),
+        by_model={role: from_dict(ModelMemory, m) for role, m in by_model_gib(fit["by_model"]).items()},
+        moments={k: v / GIB for k, v in fit["moments"].items()},
     )
 
 

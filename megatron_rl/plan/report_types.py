@@ -113,6 +113,25 @@ class ModelSummary:
     experts: int | None = omitted_when_none()
     experts_per_token: int | None = omitted_when_none()
     expert_gemm: str | None = omitted_when_none()  # grouped | per_expert (models/experts.py)
+    # The models beside the policy (absent when there are none): PPO's critic and a learned reward model;
+    # `assumed` the recipe keys whose shape could not be read here and was taken to be the policy's.
+    critic: SideModel | None = omitted_when_none()
+    reward_model: SideModel | None = omitted_when_none()
+    assumed: tuple[str, ...] | None = omitted_when_none()
+
+
+@dataclass(frozen=True)
+class SideModel:
+    """A model beside the policy on the trainer's GPUs (plan/models.py): its shape and head."""
+
+    key: str  # the recipe key it comes from: critic.init or reward.model_checkpoint
+    source: str  # "policy" (the critic starts from the policy's weights) or the checkpoint's path
+    params: int
+    matmul_params: int
+    layers: int
+    hidden: int
+    head: str  # value | score: one output per token, no vocabulary-sized output layer
+    shape_assumed: bool  # its config.json could not be read here: the policy's shape was taken
 
 
 @dataclass(frozen=True)
@@ -208,6 +227,9 @@ class Tokens:
 
 @dataclass(frozen=True)
 class Flops:
+    """FLOPs per step; `train` and the recompute count algorithm.epochs passes. PPO's critic and a reward
+    model are counted apart (0 without them); `by_model` gives every model's FLOPs by what it runs."""
+
     train: float
     train_recompute_extra: float
     logprob_forwards: float
@@ -215,6 +237,12 @@ class Flops:
     ref_logprobs: float
     prefill_shared: float
     prefill_unshared: float
+    epochs: int = 1
+    critic_values: float = 0.0
+    critic_train: float = 0.0
+    critic_recompute_extra: float = 0.0
+    reward_model: float = 0.0
+    by_model: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -229,6 +257,8 @@ class GpuSeconds:
     prefill: float
     step_held: float
     step_work: float
+    critic: float = 0.0  # PPO's critic: old values, training and its recompute
+    reward_model: float = 0.0  # a learned reward model's forward
 
 
 @dataclass(frozen=True)
@@ -292,7 +322,9 @@ class Publication:
 
 @dataclass(frozen=True)
 class TrainerMemory:
-    """GiB per trainer GPU on the heaviest PP stage; `total` is the training-phase peak."""
+    """GiB per trainer GPU on the heaviest PP stage; `total` is the training-phase peak: the parts above
+    it, and with PPO the critic's training state (`critic`) and what its activations and values
+    (`critic_activations`) exceed the policy's activations and logits (one model trains at a time)."""
 
     params: float
     grads: float
@@ -309,6 +341,31 @@ class TrainerMemory:
     recompute: str
     resident_while_generating: float
     resident_at_engine_construction: float
+    critic: float = 0.0
+    critic_activations: float = 0.0
+    reward_model_forward_total: float = 0.0  # the reward model's forward moment (0 without one)
+
+
+@dataclass(frozen=True)
+class ModelMemory:
+    """One model's share of a trainer GPU on the heaviest stage, in GiB; `parameters` is how many of its
+    parameters that GPU holds (a count), so a trained model's `state` = params + grads + optimizer =
+    parameters x bytes_per_param (18 with bf16 unsharded: 2 + 4 fp32 main grads + 12, the 12 divided by
+    optimizer_shards = DP x CP with the distributed optimizer). A frozen model holds only its params."""
+
+    parameters: float
+    params: float
+    grads: float | None = omitted_when_none()
+    optimizer: float | None = omitted_when_none()
+    state: float | None = omitted_when_none()
+    bytes_per_param: float | None = omitted_when_none()
+    optimizer_shards: int | None = omitted_when_none()
+    activations: float | None = omitted_when_none()
+    logits: float | None = omitted_when_none()  # the policy's, on the last stage
+    values: float | None = omitted_when_none()  # the critic's, on the last stage
+    recompute: str | None = omitted_when_none()
+    micro_batch_size: int | None = omitted_when_none()
+    on_device: str | None = omitted_when_none()
 
 
 @dataclass(frozen=True)
@@ -335,6 +392,11 @@ class MemoryReport:
     activations_by_recompute: Mapping[str, float]
     fits: bool
     reasons: tuple[str, ...]
+    # Each model's share of a trainer GPU (policy, critic, reference, reward model: those present), and the
+    # total of every moment the GPU goes through (generating, training, constructing, the forwards of an
+    # offloaded reference and of a reward model), engine included.
+    by_model: Mapping[str, ModelMemory] = field(default_factory=dict)
+    moments: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,12 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from megatron_rl.config.choices import REWARD_KINDS
 from megatron_rl.reward.extract import compose_program
 from megatron_rl.reward.result import (
     CRASHED,
     FAILED,
+    MODEL_SCORED,
     NO_CODE,
     PASSED,
     REWARD_MODES,
@@ -57,12 +59,17 @@ log = logging.getLogger(__name__)
 _STOP = object()
 
 
+def unverified(problem: Problem, text: str) -> RewardResult:
+    """reward.kind=model's verifier: none. The reward model's score, added on the trainer, is the reward."""
+    return RewardResult(None, 0.0, MODEL_SCORED, output_tail="scored by the reward model only")
+
+
 class RewardPool:
     """Scores (problem, completion) pairs on `workers` threads; see the module docstring."""
 
     def __init__(self, cfg: RewardConfig, *, limits: SandboxLimits | None = None) -> None:
-        if cfg.kind not in ("sandbox", "function"):
-            raise ValueError(f"reward.kind must be 'sandbox' or 'function'; got {cfg.kind!r}")
+        if cfg.kind not in REWARD_KINDS:
+            raise ValueError(f"reward.kind must be one of {', '.join(REWARD_KINDS)}; got {cfg.kind!r}")
         if cfg.mode not in REWARD_MODES:
             raise ValueError(f"reward.mode must be one of {REWARD_MODES}; got {cfg.mode!r}")
         if not all(math.isfinite(v) and v > 0 for v in (cfg.timeout_s, cfg.memory_mb)):
@@ -83,6 +90,8 @@ class RewardPool:
         sandboxes: list[Sandbox | None] = [None] * self.workers
         if cfg.kind == "function":
             self._verifier = load_verifier(cfg.function)
+        elif cfg.kind == "model":  # no verifier: the reward model scores every sample on the trainer
+            self._verifier = unverified
         else:
             self.limits = limits or SandboxLimits(timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb)
             bwrap = require_sandbox(cfg.unsafe_local)

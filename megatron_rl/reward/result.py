@@ -23,8 +23,12 @@ SYNTAX_ERROR = "syntax_error"  # the extracted code does not compile
 NO_CODE = "no_code"  # no code could be extracted from the completion
 SANDBOX_ERROR = "sandbox_error"  # our side failed (sandbox died, malformed problem): not the sample's fault
 ENV_ERROR = "env_error"  # a multi-turn environment raised (env/types.py step_safely): the trajectory ended
+# reward.kind=model: no verifier ran; the learned reward model's score is the reward (loop/step/ppo.py)
+MODEL_SCORED = "model_scored"
 
-STATUSES = (PASSED, FAILED, TIMEOUT, CRASHED, MEMORY, SYNTAX_ERROR, NO_CODE, SANDBOX_ERROR, ENV_ERROR)
+STATUSES = (
+    PASSED, FAILED, TIMEOUT, CRASHED, MEMORY, SYNTAX_ERROR, NO_CODE, SANDBOX_ERROR, ENV_ERROR, MODEL_SCORED,
+)  # fmt: skip
 
 # What it most likely means when (nearly) every sample of a run ends with one status: the cause a run
 # that cannot learn names (loop/record/signal.py). Each says what the samples did, then where to look.
@@ -42,6 +46,8 @@ LIKELY_CAUSE = {
     SANDBOX_ERROR: "the sandbox itself fails, not the samples (log.txt says why)",
     ENV_ERROR: "the multi-turn environment (rollout.env) raises on every trajectory (samples.jsonl keeps "
     "each error)",
+    MODEL_SCORED: "only the reward model scores (reward.kind=model), and it gives every sample of a group "
+    "the same score: check that reward.model_checkpoint is a trained reward model",
 }
 
 

@@ -109,6 +109,8 @@ class Sample:
     # engine reports it ran plus the turn's output). `token_exact` checks the trainer's ids against it.
     engine_spans: list[tuple[int, str]] | None = None
     error: str = ""  # an environment's error that ended the trajectory (status env_error)
+    # A learned reward model's score (reward.model_checkpoint), before the recipe's weights; None without one.
+    model_score: float | None = None
 
     def __post_init__(self) -> None:
         if self.loss_mask is not None and len(self.loss_mask) != len(self.token_ids):

@@ -28,8 +28,11 @@ PHASES = (
     "scoring",
     "old_logprobs",
     "ref_logprobs",
+    "reward_model",  # a learned reward model's scores (reward.model_checkpoint: loop/step/ppo.py)
+    "critic_values",  # PPO: the critic's values before the updates
     "train_fwd_bwd",
     "optimizer",
+    "critic_train",  # PPO: the critic's updates (forward, backward and optimizer step)
     "publish",
     "probe",  # the log-prob probe of each publication, before it serves (loop/placement/probe.py)
 )

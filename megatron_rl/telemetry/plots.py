@@ -25,7 +25,7 @@ def _plt():
 
 
 def _colours(plt) -> dict[str, tuple]:
-    return dict(zip(PHASES, plt.get_cmap("tab10").colors))
+    return dict(zip(PHASES, plt.get_cmap("tab20").colors))
 
 
 def _seconds(rec: dict, name: str) -> float:

@@ -102,6 +102,11 @@ TRENDS = {
     "KL": lambda r: _get(r, "train", "kl"),
     "log-prob agreement |d|": lambda r: _get(r, "logprob_agreement", "mean_abs_diff"),
     "stop fraction": _stop_fraction,
+    # PPO: the critic's loss and the share of the returns' variance its values explain
+    "value loss": lambda r: r.get("value_loss"),
+    "explained variance": lambda r: r.get("explained_variance"),
+    "returns variance": lambda r: r.get("returns_variance"),
+    "residual variance": lambda r: r.get("residual_variance"),
 }
 
 
@@ -306,7 +311,33 @@ def learning_lines(s: dict) -> list[str]:
     return [
         head + f", over {_count(s['steps'], 'step')}",
         *([statuses] if statuses else []),
+        *critic_line(s),
     ]
+
+
+def pooled_explained_variance(trends: dict, window: str) -> float | None:
+    """1 - the window's mean residual variance over its mean returns variance: the share of the returns'
+    variance the critic explains over the window's steps together (a step whose returns barely vary has an
+    unbounded ratio of its own, and would swing a mean of ratios)."""
+    ret, res = trends["returns variance"][window], trends["residual variance"][window]
+    if ret is None or res is None or ret <= 0:
+        return None
+    return 1.0 - res / ret
+
+
+def critic_line(s: dict) -> list[str]:
+    """PPO's critic, first window -> last: its value loss and explained variance, pooled over each window
+    (none for GRPO)."""
+    v = s["trends"]["value loss"]
+    if v["first"] is None and v["last"] is None:
+        return []
+    one = s["windows"]["first"] == s["windows"]["last"]
+    ev = {w: pooled_explained_variance(s["trends"], w) for w in ("first", "last")}
+
+    def moved(t: dict, fmt: str) -> str:
+        return _f(t["first"], fmt) if one else f"{_f(t['first'], fmt)} -> {_f(t['last'], fmt)}"
+
+    return [f"critic: value loss {moved(v, '{:.3g}')}, explained variance {moved(ev, '{:.2f}')} (pooled)"]
 
 
 def status_line(s: dict) -> str:

@@ -117,14 +117,22 @@ class Progress:
     stop id (0 with every completion at the length cap: the engine does not know the model's end ids),
     the two most frequent reward statuses (no_code=100%: nothing to run) and the phase now running."""
 
-    def __init__(self, total: int, enabled: bool = True, initial: int = 0, file: TextIO | None = None):
+    def __init__(
+        self,
+        total: int,
+        enabled: bool = True,
+        initial: int = 0,
+        file: TextIO | None = None,
+        name: str = "grpo",
+    ):
         from tqdm import tqdm
 
+        self.name = name  # the algorithm's (algorithm.name)
         self.bar = tqdm(
             total=total,
             initial=initial,
             disable=not enabled,
-            desc="grpo",
+            desc=name,
             unit="step",
             file=file if file is not None else sys.stderr,
             dynamic_ncols=True,
@@ -137,10 +145,16 @@ class Progress:
         from megatron_rl.telemetry.report import percent, status_shares
 
         r = record.get("reward", {}).get("mean", float("nan"))
-        parts = [f"grpo reward={r:.3f}"]
+        parts = [f"{self.name} reward={r:.3f}"]
         grad = (record.get("train") or {}).get("grad_norm")
         if grad is not None:
             parts.append(f"gnorm={grad:.3g}")
+        if (
+            record.get("value_loss") is not None
+        ):  # PPO: the critic's loss and how much of the returns it explains
+            parts.append(
+                f"vloss={record['value_loss']:.3g} ev={record.get('explained_variance', float('nan')):.2f}"
+            )
         stop = record.get("stop_fraction")
         if stop is not None:
             parts.append(f"stop={stop:.2f}")

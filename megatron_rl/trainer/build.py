@@ -1,4 +1,5 @@
-"""Build the policy (with optimizer) and the frozen reference from a recipe, at the recipe's layout."""
+"""Build the policy (with optimizer), the frozen reference, PPO's critic and a learned reward model from a
+recipe, at the recipe's layout."""
 
 from __future__ import annotations
 
@@ -7,13 +8,27 @@ import torch
 from megatron_rl.trainer.hf_import import load_hf_into
 from megatron_rl.trainer.parallel import ParallelState
 from megatron_rl.trainer.policy import OptimSettings, Policy
+from megatron_rl.trainer.value import HEAD_PARAM
 
 
-def optim_settings(recipe) -> OptimSettings:
-    """The recipe's `optim` group in the trainer's units: the recipe counts warm-up and the run in RL
-    steps, the trainer's scheduler in optimizer steps, of which each RL step takes
-    `algorithm.minibatches`."""
-    o, per_step = recipe.optim, recipe.algorithm.minibatches
+def optimizer_steps_per_step(recipe, critic: bool = False) -> int:
+    """Optimizer steps one RL step takes: one per minibatch, per pass (`algorithm.epochs`; the critic's
+    `critic.epochs` when set)."""
+    a = recipe.algorithm
+    return a.minibatches * (critic_epochs(recipe) if critic else a.epochs)
+
+
+def critic_epochs(recipe) -> int:
+    """The critic's passes over a step's minibatches: `critic.epochs`, or the policy's when 0."""
+    return recipe.critic.epochs or recipe.algorithm.epochs
+
+
+def optim_settings(recipe, group=None) -> OptimSettings:
+    """The recipe's `optim` group (or the critic's, `group=recipe.critic`) in the trainer's units: the recipe
+    counts warm-up and the run in RL steps, the trainer's scheduler in optimizer steps, of which each RL
+    step takes `algorithm.minibatches` x the passes (`optimizer_steps_per_step`)."""
+    critic = group is not None and group is recipe.critic
+    o, per_step = group or recipe.optim, optimizer_steps_per_step(recipe, critic)
     return OptimSettings(
         lr=o.lr,
         min_lr=o.min_lr,
@@ -22,7 +37,7 @@ def optim_settings(recipe) -> OptimSettings:
         adam_beta2=o.adam_beta2,
         adam_eps=o.adam_eps,
         clip_grad=o.clip_grad,
-        distributed_optimizer=o.distributed_optimizer,
+        distributed_optimizer=recipe.optim.distributed_optimizer,
         lr_schedule=o.lr_schedule,
         warmup_steps=o.warmup_steps * per_step,
         decay_steps=recipe.steps * per_step,
@@ -79,3 +94,57 @@ def frozen_copy(policy: Policy, run, state: ParallelState) -> Policy:
         ref.offload_between_uses = True
         ref.weights_to_host()
     return ref
+
+
+def build_critic(run, state: ParallelState, policy: Policy) -> Policy:
+    """PPO's critic (`critic` group): a value model (trainer/value.py) with its own AdamW and LR schedule, at
+    the trainer's process groups with its own micro-batch size and recompute. `critic.init=policy`: the
+    policy's weights now (its LM head left out; the value head starts at zero); else an HF
+    sequence-classification checkpoint (a reward model), its score head included."""
+    recipe, c = run.recipe, run.recipe.critic
+    layout = state.layout.with_(recompute=c.recompute) if c.recompute else None
+    critic = Policy(
+        run.critic_spec,
+        state,
+        optim=optim_settings(recipe, c),
+        micro_batch_size=c.micro_batch_size or recipe.optim.micro_batch_size,
+        head="value",
+        layout=layout,
+    )
+    if c.init == "policy":
+        src = dict(policy.named_parameters_global())
+        with torch.no_grad():
+            for name, p in critic.named_parameters_global():
+                if name != HEAD_PARAM:  # every parameter but the head, which starts at zero
+                    p.copy_(src[name])
+    else:
+        load_value_model(critic, c.init, state)
+    return critic
+
+
+def build_reward_model(run, state: ParallelState) -> Policy:
+    """The learned reward model (`reward.model_checkpoint`): a frozen value model whose score is its value
+    after the last token, in host memory between uses (like an offloaded reference)."""
+    recipe = run.recipe
+    rm = Policy(run.reward_spec, state, micro_batch_size=recipe.optim.micro_batch_size, head="value")
+    load_value_model(rm, recipe.reward.model_checkpoint, state)
+    for p in rm.model.parameters():
+        p.requires_grad_(False)
+    rm.offload_between_uses = True
+    rm.weights_to_host()
+    return rm
+
+
+def load_value_model(model: Policy, hf_dir: str, state: ParallelState) -> None:
+    """An HF `*ForSequenceClassification` checkpoint into a value model, at its TP shard."""
+    load_hf_into(
+        model.model,
+        model.spec,
+        hf_dir,
+        state.tp,
+        state.tp_rank,
+        model.padded_vocab,
+        etp=state.layout.etp,
+        etp_rank=state.expert_coord.etp,
+        value_head=True,
+    )

@@ -16,6 +16,8 @@ import torch
 
 from megatron_rl.models.dtypes import torch_dtype
 from megatron_rl.models.hf import (
+    SCORE,
+    VALUE_HEAD,
     all_hf_names,
     expert_of,
     hf_shape,
@@ -98,8 +100,9 @@ class HFCheckpoint:
         return sl[start:stop] if dim == 0 else sl[:, start:stop]
 
 
-def check_checkpoint(ckpt: HFCheckpoint, spec: ModelSpec) -> torch.dtype:
-    """Refuse a checkpoint that does not match the spec. Returns the checkpoint's dtype."""
+def check_checkpoint(ckpt: HFCheckpoint, spec: ModelSpec, value_head: bool = False) -> torch.dtype:
+    """Refuse a checkpoint that does not match the spec (`value_head`: a one-label sequence-classification
+    checkpoint, `score.weight` in place of the LM head). Returns the checkpoint's dtype."""
     # The recipe check compared the recipe with this config.json (models/resolve.py); this is the same
     # comparison at load time, for callers that build a spec by other means (tools, tests).
     if ckpt.config:
@@ -118,9 +121,12 @@ def check_checkpoint(ckpt: HFCheckpoint, spec: ModelSpec) -> torch.dtype:
     except ValueError:  # a dtype we do not train in (float64, "auto"): the tensors alone decide
         expected_dtype = None
     seen_dtype = None
-    for name in all_hf_names(spec):
+    for name in all_hf_names(spec, value_head):
         if name not in ckpt.files:
-            raise CheckpointError(f"HF checkpoint {ckpt.path} is missing tensor {name!r}")
+            hint = ""
+            if value_head and name == SCORE:
+                hint = ": a reward model is an HF *ForSequenceClassification checkpoint with num_labels=1"
+            raise CheckpointError(f"HF checkpoint {ckpt.path} is missing tensor {name!r}{hint}")
         shape, dtype = ckpt.meta(name)
         want = hf_shape(spec, name)
         if shape != want:
@@ -148,16 +154,22 @@ def load_hf_into(
     padded_vocab: int,
     etp: int = 1,
     etp_rank: int = 0,
+    value_head: bool = False,
 ) -> int:
     """Fill a PP stage's GPTModel from an HF checkpoint. Returns the number of bytes read.
 
     An MoE model's expert weights are read at the expert TP (`etp`, `etp_rank`), and only the experts
     this EP rank holds. Every shard is built and checked before the first `copy_`, so an error leaves
-    the model as it was.
+    the model as it was. `value_head`: a value model (trainer/value.py) from a sequence-classification
+    checkpoint, its score head included.
     """
     ckpt = HFCheckpoint.open(path)
-    check_checkpoint(ckpt, spec)
+    check_checkpoint(ckpt, spec, value_head)
     params = {global_param_name(model, n): p for n, p in model.named_parameters()}
+    if (
+        value_head and "output_layer.weight" in params
+    ):  # the scalar head (trainer/value.py), by its mapping name
+        params[VALUE_HEAD] = params.pop("output_layer.weight")
     layers = sorted({int(n.split(".")[2]) for n in params if n.startswith("decoder.layers.")})
     experts = sorted({e for e in map(expert_of, params) if e is not None})
     expected = set(
@@ -167,6 +179,7 @@ def load_hf_into(
             "embedding.word_embeddings.weight" in params,
             "decoder.final_layernorm.weight" in params,
             range(experts[0], experts[-1] + 1) if experts else range(0),
+            value_head=value_head,
         )
     )
     if set(params) != expected:

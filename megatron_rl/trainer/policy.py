@@ -7,6 +7,10 @@ runs the same code:
   optimizer step (distributed optimizer, gradient clipping) at the learning rate megatron-core's
   `OptimizerParamScheduler` gives that step (linear warm-up, then constant or cosine).
 
+`head="value"` builds a value model instead (trainer/value.py: PPO's critic, a learned reward model): the
+same body with a scalar head; `values(...)` gives its per-token values, `scores(...)` the value after each
+sequence's last token, and `train_step`'s loss receives values where a policy's receives log-probs.
+
 Loss scaling: the schedule divides each microbatch loss by the number of microbatches and DDP
 averages gradients over DP ranks. Callers give losses already normalised by the *global* count
 (tokens or sequences over all DP ranks), so `train_step` multiplies by microbatches x DP to undo
@@ -33,6 +37,9 @@ from megatron_rl.trainer.batch import (
 from megatron_rl.trainer.logprobs import token_logprobs
 from megatron_rl.trainer.parallel import ParallelState
 from megatron_rl.trainer.replay import replaying, set_replay
+from megatron_rl.trainer.value import attach_value_head, last_token_values, per_token_values
+
+HEADS = ("lm", "value")
 
 # loss_fn(logprobs_BT, microbatch) -> (loss scalar normalised by the global count, metrics dict)
 LossFn = Callable[[torch.Tensor, Microbatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -80,20 +87,36 @@ class Policy:
         optim: OptimSettings | None = None,
         micro_batch_size: int = 1,
         routing_replay: bool = False,
+        head: str = "lm",
+        layout=None,
     ):
-        self.spec, self.state = spec, state
+        """`head`: "lm" (a policy) or "value" (a value model); `layout`: the model's own recompute and
+        sequence parallelism (a ParallelLayout of the same process groups; default the state's)."""
+        if head not in HEADS:
+            raise ValueError(f"head must be one of {HEADS}, not {head!r}")
+        self.spec, self.state, self.head = spec, state, head
         self.dtype = dtype or spec.params_dtype
         self.micro_batch_size = micro_batch_size
         self.padded_vocab = spec.padded_vocab(state.tp)
         on_cpu = state.device.type == "cpu"
-        self.config = transformer_config(spec, state.layout, self.dtype, on_cpu=on_cpu)
+        self.config = transformer_config(spec, layout or state.layout, self.dtype, on_cpu=on_cpu)
         # algorithm.routing_replay: the forwards can take the engine's experts (trainer/replay.py).
         self.routing_replay = routing_replay
         if routing_replay:
             if not spec.is_moe:
                 raise ValueError("routing replay needs a mixture-of-experts model; this one is dense")
             self.config.moe_enable_routing_replay = True
-        model = build_gpt(spec, self.config, self.padded_vocab, state.is_first_stage, state.is_last_stage)
+        if head == "value":  # the head is its own parameter: nothing to share with the embedding
+            from dataclasses import replace
+
+            spec_built = replace(spec, tie_word_embeddings=False)
+        else:
+            spec_built = spec
+        model = build_gpt(
+            spec_built, self.config, self.padded_vocab, state.is_first_stage, state.is_last_stage
+        )
+        if head == "value":
+            attach_value_head(model, self.config)
         self.model = model.to(state.device)
         self.ddp = None
         self.optimizer = None
@@ -255,18 +278,59 @@ class Policy:
         """Per-sequence completion log-probs (1-D float32 tensors), on every rank of the model group.
         `routes`: the engine's experts per sequence, replayed (trainer/replay.py). `micro_batch_size`:
         this call's own (the log-prob probe scores its few sequences as one microbatch)."""
+        self._require("lm", "logprobs")
         mbs = self._microbatches(
             sequences, prompt_lens, seq_len, routes=self._replayed(routes), micro_batch_size=micro_batch_size
         )
-        tp_rank, vocab = self.state.tp_rank, self.spec.vocab_size
+        values = self._forward_only(mbs, lambda out, mb: self._per_token(out, mb, temperature))
+        return completion_values(values, mbs, prompt_lens)
+
+    def values(
+        self, sequences: list[list[int]], prompt_lens: list[int], micro_batch_size: int | None = None
+    ) -> list[torch.Tensor]:
+        """A value model's per-completion-token values (1-D float32, the value of the state before each
+        token), on every rank of the model group."""
+        self._require("value", "values")
+        mbs = self._microbatches(sequences, prompt_lens, None, micro_batch_size=micro_batch_size)
+        outs = self._forward_only(mbs, lambda out, mb: per_token_values(out))
+        return completion_values(outs, mbs, prompt_lens)
+
+    def scores(self, sequences: list[list[int]], micro_batch_size: int | None = None) -> list[float]:
+        """A value model's value after each sequence's last token (a reward model's score), on every rank."""
+        self._require("value", "scores")
+        mbs = self._microbatches(sequences, [1] * len(sequences), None, micro_batch_size=micro_batch_size)
+        outs = self._forward_only(
+            mbs, lambda out, mb: last_token_values(out, mb.lengths), lambda mb: (len(mb.index), 1)
+        )
+        found: list[float] = [0.0] * len(sequences)
+        for values, mb in zip(outs, mbs):
+            for b, i in enumerate(mb.index):
+                found[i] = float(values[b, 0])
+        return found
+
+    def _require(self, head: str, what: str) -> None:
+        if self.head != head:
+            raise RuntimeError(
+                f"{what}() needs a model built with head={head!r}; this one has head={self.head!r}"
+            )
+
+    def _per_token(self, out: torch.Tensor, mb: Microbatch, temperature: float) -> torch.Tensor:
+        """What a loss sees per predicted position [B, S - 1]: log-probs of the next token, or values."""
+        if self.head == "value":
+            return per_token_values(out)
+        return token_logprobs(out, mb.tokens_BS, self.spec.vocab_size, temperature, self.state.tp_rank)
+
+    def _forward_only(self, mbs: list[Microbatch], take, shape=None) -> list[torch.Tensor]:
+        """take(output, microbatch) -> a tensor per microbatch on the last stage, on every stage after; on
+        the host. `shape(mb)`: its shape, for the stages that receive it (default the loss mask's)."""
 
         def step(data_iter, model):
             mb = next(data_iter)
             out = self._forward(model, mb)
 
-            def loss_func(logits):
-                lp = token_logprobs(logits, mb.tokens_BS, vocab, temperature, tp_rank)
-                return lp.sum() * 0.0, {"logprobs": lp.detach()}
+            def loss_func(output):
+                value = take(output, mb)
+                return value.sum() * 0.0, {"value": value.detach()}
 
             return out, loss_func
 
@@ -277,13 +341,16 @@ class Policy:
         finally:
             if self.offload_between_uses:
                 self.weights_to_host()
-        values = [o["logprobs"] for o in outs] if self.state.is_last_stage else None
-        values = self._broadcast_from_last_stage(values, mbs)
+        values = [o["value"] for o in outs] if self.state.is_last_stage else None
+        values = self._broadcast_from_last_stage(values, mbs, shape)
         # Back to the host only now: the broadcast ran on megatron's pipeline group (NCCL on GPU).
-        return completion_values([v.cpu() for v in values], mbs, prompt_lens)
+        return [v.cpu() for v in values]
 
-    def _broadcast_from_last_stage(self, values: list[torch.Tensor] | None, mbs: list[Microbatch]):
-        """Send the last PP stage's [B, T] tensors to every stage (others allocate and receive).
+    def _broadcast_from_last_stage(
+        self, values: list[torch.Tensor] | None, mbs: list[Microbatch], shape=None
+    ):
+        """Send the last PP stage's [B, T] tensors (`shape(mb)` when given) to every stage (others allocate
+        and receive).
 
         The tensors stay on the policy's device: the pipeline group is NCCL on GPU, which refuses
         host tensors."""
@@ -295,7 +362,11 @@ class Policy:
         group = ps.get_pipeline_model_parallel_group()
         if values is None:
             values = [
-                torch.empty(mb.loss_mask_BT.shape, dtype=torch.float32, device=self.state.device)
+                torch.empty(
+                    shape(mb) if shape else mb.loss_mask_BT.shape,
+                    dtype=torch.float32,
+                    device=self.state.device,
+                )
                 for mb in mbs
             ]
         # gloo sends a tensor's storage as laid out in memory: a transposed view would arrive scrambled.
@@ -330,15 +401,14 @@ class Policy:
             raise RuntimeError("Policy was built without an optimizer (pass optim=OptimSettings(...))")
         mbs = self._microbatches(sequences, prompt_lens, seq_len, extras, self._replayed(routes))
         scale = len(mbs) * self.state.dp
-        tp_rank, vocab = self.state.tp_rank, self.spec.vocab_size
         forward_lp: list[torch.Tensor] = []  # [B, T] per microbatch, in schedule order (last stage only)
 
         def step(data_iter, model):
             mb = next(data_iter)
             out = self._forward(model, mb)
 
-            def loss_func(logits):
-                lp = token_logprobs(logits, mb.tokens_BS, vocab, temperature, tp_rank)
+            def loss_func(output):
+                lp = self._per_token(output, mb, temperature)  # log-probs, or a value model's values
                 if return_logprobs:
                     forward_lp.append(lp.detach())
                 loss, metrics = loss_fn(lp, mb)  # mb (extras included) is on the policy's device

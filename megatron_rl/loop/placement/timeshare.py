@@ -25,6 +25,10 @@ with the model's own weights kept on the device, and `restore_from_cpu`;
 trainer and engine share host memory, so moving state "to the host" frees nothing and the engine
 cannot sleep: both sides log that once and do nothing; the memory of each phase is still recorded.
 
+PPO's critic trains beside the policy: its optimizer state and gradient buffers go aside and come back
+with the policy's (`also`: more (optimizer, DDP) pairs), its weights stay, as the policy's do. A learned
+reward model lives on the host between its uses (trainer/build.py), as an offloaded reference does.
+
 Memory is reported through a hook the loop supplies, `on_memory(phase, snapshot)`; the telemetry
 (max over ranks, the step record) is the loop's.
 """
@@ -119,11 +123,14 @@ def restore_trainer(optimizer, ddp) -> bool:
 
 
 @contextmanager
-def trainer_aside(optimizer=None, ddp=None, reference=None) -> Iterator[bool]:
-    """Inside: optimizer state and gradient buffers offloaded, the reference's weights on the host.
-    After: the trainer restored (the reference stays on the host if it lives there between uses).
-    Yields whether device memory was released (False on CPU, where nothing is)."""
+def trainer_aside(optimizer=None, ddp=None, reference=None, also=()) -> Iterator[bool]:
+    """Inside: optimizer state and gradient buffers offloaded (the policy's, and those of `also`: the
+    critic's (optimizer, DDP)), the reference's weights on the host. After: the trainer restored (the
+    reference stays on the host if it lives there between uses). Yields whether device memory was
+    released (False on CPU, where nothing is)."""
     released = offload_trainer(optimizer, ddp)
+    for opt, wrapped in also:
+        released = offload_trainer(opt, wrapped) or released
     if reference is not None:
         released = reference.weights_to_host() or released
     try:
@@ -132,13 +139,18 @@ def trainer_aside(optimizer=None, ddp=None, reference=None) -> Iterator[bool]:
         if reference is not None and not reference.offload_between_uses:
             reference.weights_to_device()
         restore_trainer(optimizer, ddp)
+        for opt, wrapped in also:
+            restore_trainer(opt, wrapped)
 
 
 class TimeShare:
     """Switches the device between rollout and training, recording memory at each switch."""
 
-    def __init__(self, engine: Engine, optimizer=None, ddp=None, on_memory: MemoryHook | None = None):
+    def __init__(
+        self, engine: Engine, optimizer=None, ddp=None, on_memory: MemoryHook | None = None, also=()
+    ):
         self.engine, self.optimizer, self.ddp = engine, optimizer, ddp
+        self.also = tuple(also)  # the critic's (optimizer, DDP): aside and back with the policy's
         self.on_memory = on_memory
         self._told = False
         self._serving = False  # the engine's KV cache is awake (between ready_to_serve and to_train)
@@ -154,14 +166,15 @@ class TimeShare:
         ddp=None,
         reference=None,
         on_memory: MemoryHook | None = None,
+        also=(),
     ) -> TimeShare:
         """Build the engine with the trainer aside, and put it to sleep before the trainer comes back.
 
         A new engine is awake (weights and gpu_memory_utilization x the GPU claimed); restoring the
         optimizer state, gradient buffers and reference weights beside it would not fit (70B: trainer
         state + 0.6 x 80 GiB), so the trainer returns only once the engine sleeps."""
-        with trainer_aside(optimizer, ddp, reference):
-            return cls(build(), optimizer, ddp, on_memory)
+        with trainer_aside(optimizer, ddp, reference, also):
+            return cls(build(), optimizer, ddp, on_memory, also)
 
     def _record(self, phase: str) -> None:
         if self.on_memory is not None:
@@ -182,6 +195,8 @@ class TimeShare:
         self._note_cpu()
         self._record("train_end")
         offload_trainer(self.optimizer, self.ddp)
+        for opt, wrapped in self.also:
+            offload_trainer(opt, wrapped)
         self._record("trainer_offloaded")
         self.engine.wake_up(["weights"])
         self._serving = False
@@ -207,4 +222,6 @@ class TimeShare:
         self.engine.sleep()
         self._record("engine_asleep")
         restore_trainer(self.optimizer, self.ddp)
+        for opt, wrapped in self.also:
+            restore_trainer(opt, wrapped)
         self._record("train_start")

@@ -91,7 +91,11 @@ class RunLog:
             self._open_wandb(continued=first_step > 0)
         if self.is_main:
             self.progress = Progress(
-                self.recipe.steps, self.recipe.logger.progress, initial=first_step, file=self.console.terminal
+                self.recipe.steps,
+                self.recipe.logger.progress,
+                initial=first_step,
+                file=self.console.terminal,
+                name=self.recipe.algorithm.name,
             )
             self.timer.on_enter = self.progress.phase  # also the phases timed inside components
 

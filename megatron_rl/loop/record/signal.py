@@ -7,6 +7,8 @@ gradient norm are 0 without one. `logger.no_signal_steps` such steps in a row (0
 says so, once, with what the samples of those steps came back as: when one status holds (nearly) all of
 them it is the likely cause (100% no_code: the completions hold no code block), otherwise the groups are
 too alike to compare. `megatron-rl report` says the same of the longest such stretch in a run's records.
+PPO (a record with `value_loss`) compares each token with the critic's value, not with the group, so its
+step is flat only when every sample of the batch got one reward.
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ DOMINANT = 0.9  # a status this share of the samples is the cause; below it, the
 
 
 def flat(record: dict) -> bool:
-    """Every group of the step got one reward per group (older records, without the figure: unknown, no)."""
-    fraction = (record.get("reward") or {}).get("flat_group_fraction")
+    """Every group of the step got one reward per group (older records, without the figure: unknown, no); for
+    PPO, every sample of the step one reward."""
+    reward = record.get("reward") or {}
+    if "value_loss" in record:
+        return reward.get("min") is not None and reward.get("min") == reward.get("max")
+    fraction = reward.get("flat_group_fraction")
     return fraction is not None and fraction >= 1.0
 
 

@@ -96,6 +96,7 @@ def kept_samples(step: int, samples: list[Sample], task, count: int) -> list[dic
             "completion_tokens": len(s.token_ids),
             "version": s.version,
             **({"turns": s.turns, "error": s.error} if s.loss_mask is not None else {}),
+            **({"model_score": s.model_score} if s.model_score is not None else {}),
             "prompt": task.text(s.prompt_ids),
             "completion": task.text(s.token_ids),
         }

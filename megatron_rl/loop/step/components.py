@@ -196,10 +196,10 @@ def build_prober(run: Run, procs: Processes, timer, policy=None, engine=None):
     )
 
 
-def build_colocated(run: Run, procs: Processes, log_: RunLog, policy, reference):
+def build_colocated(run: Run, procs: Processes, log_: RunLog, policy, reference, critic=None):
     """This rank's engine side when colocated (loop/placement/colocated.py): the engine, built with the
-    trainer aside and asleep before the trainer comes back, its place among the engines, and its share
-    of the reward pool. None when separated (the trainer ranks hold no engine)."""
+    trainer (and PPO's critic) aside and asleep before they come back, its place among the engines, and its
+    share of the reward pool. None when separated (the trainer ranks hold no engine)."""
     if not run.layout.colocated:
         return None
     from functools import partial
@@ -208,8 +208,14 @@ def build_colocated(run: Run, procs: Processes, log_: RunLog, policy, reference)
     from megatron_rl.loop.placement.timeshare import TimeShare
 
     # The engine claims its share of the device at construction: the trainer steps aside until it sleeps.
+    also = [(critic.optimizer, critic.ddp)] if critic is not None else []
     timeshare = TimeShare.start(
-        partial(build_engine, run, procs, log_.dir), policy.optimizer, policy.ddp, reference, log_.note_memory
+        partial(build_engine, run, procs, log_.dir),
+        policy.optimizer,
+        policy.ddp,
+        reference,
+        log_.note_memory,
+        also,
     )
     index, leader = engine_role(procs)
     # with rollout.env, the engine leader's own task: its environment reads problems and the tokenizer
@@ -247,7 +253,9 @@ def build_checkpointer(run: Run, procs: Processes, name: str):
     return Checkpointer(Path(c.dir) / name, procs, c.keep_last, c.keep_every, c.async_save)
 
 
-def resume(run: Run, procs: Processes, log_: RunLog, policy, reference, task) -> tuple[int, dict | None]:
+def resume(
+    run: Run, procs: Processes, log_: RunLog, policy, reference, task, critic=None
+) -> tuple[int, dict | None]:
     """The step to start from: 0, or that of the checkpoint `checkpoint.resume` selects (auto: the newest
     that verifies), and the groups it carried (rollout.partial: loop/step/carry.py records). Every rank
     takes part: verifying re-hashes a share of the files on each."""
@@ -259,7 +267,7 @@ def resume(run: Run, procs: Processes, log_: RunLog, policy, reference, task) ->
     dist.broadcast_object_list(box, src=0, group=procs.cpu_group)  # every rank loads the same checkpoint
     if box[0] is None:
         return 0, None
-    state = load(Path(box[0]), procs.rank, policy, reference, task)
+    state = load(Path(box[0]), procs.rank, policy, reference, task, critic)
     log_.resumed(state.get("records"))  # its W&B run, continued when the checkpoint is this run's own
     # A rerun under the same name lands here (checkpoint.resume=auto): say so, and how not to.
     again = (
@@ -286,6 +294,9 @@ def run_state(
         "layout": run.layout.sizes(),
         "seed": run.recipe.seed,
         "kl_coef": run.recipe.algorithm.kl_coef,
+        "algorithm": run.recipe.algorithm.name,
+        "critic": run.recipe.algorithm.name
+        == "ppo",  # the checkpoint holds the critic (checkpoint/resume.py)
         "reward_pending": 0,  # saves happen at step boundaries, with the reward pool idle
     }
 

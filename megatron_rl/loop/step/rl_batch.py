@@ -109,7 +109,8 @@ def minibatch_extras(
     samples, idx: list[int], adv, keep, old: dict, ref: dict
 ) -> dict[str, list[torch.Tensor]]:
     """Per-completion-token tensors of a minibatch's samples, laid on the trainer's [B, T] grid. `keep`
-    is 0 on a multi-turn trajectory's observation tokens: the loss covers what the model generated."""
+    is 0 on a multi-turn trajectory's observation tokens: the loss covers what the model generated. `adv`:
+    a sample's advantage (GRPO, a tensor [G]) or its tokens' (PPO, sample index -> a 1-D tensor)."""
 
     def per_token(i: int, value: float) -> torch.Tensor:
         return torch.full((len(samples[i].token_ids),), float(value), device="cpu")
@@ -119,8 +120,12 @@ def minibatch_extras(
             return per_token(i, keep[i])
         return torch.tensor(samples[i].loss_mask, dtype=torch.float32, device="cpu") * float(keep[i])
 
+    def advantage(i: int) -> torch.Tensor:  # GRPO: one per sample; PPO: one per token (loop/step/ppo.py)
+        a = adv[i]
+        return a.float() if isinstance(a, torch.Tensor) and a.dim() == 1 else per_token(i, float(a))
+
     extras = {
-        "adv": [per_token(i, adv[i]) for i in idx],
+        "adv": [advantage(i) for i in idx],
         "keep": [kept(i) for i in idx],
         "rollout": [torch.tensor(samples[i].logprobs, device="cpu") for i in idx],
     }

@@ -1,18 +1,22 @@
 """Trainer checks across layouts (one 4-process torchrun shared by all, ~1 min on 2 cores).
 
 Oracles are independent of megatron-core: HF transformers' own model built from the same random
-checkpoint (log-probs), and torch.optim.AdamW on that HF model (one optimizer step).
+checkpoint (log-probs; a value model's scores and values from a *ForSequenceClassification one), and
+torch.optim.AdamW on that HF model (one optimizer step).
 """
 
+import functools
 import json
+import shutil
 import tempfile
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from megatron_rl.models.hf import megatron_full_to_hf
-from megatron_rl.models.tiny import write_hf_checkpoint
+from megatron_rl.models.hf import SCORE, VALUE_HEAD, megatron_full_to_hf
+from megatron_rl.models.tiny import REWARD_PAD_TOKEN_ID, write_hf_checkpoint, write_hf_reward_model
+from megatron_rl.trainer.value import HEAD_PARAM
 from tests.dist.trainer.cases import (
     LOGPROB_CASES,
     MOE_LOGPROB_CASES,
@@ -20,9 +24,15 @@ from tests.dist.trainer.cases import (
     OPTIM,
     TEMPERATURE,
     TRAIN_CASES,
+    VALUE_CASES,
+    VALUE_TRAIN_CASES,
+    VALUE_TRAIN_SPEC,
     advantages,
     batch,
     moe_case_name,
+    reward_checkpoint,
+    value_case_name,
+    value_targets,
 )
 from tests.helpers.launch import torchrun
 from tests.helpers.specs import QWEN2_TINY, QWEN3_MOE_TINY, SPECS
@@ -33,8 +43,6 @@ WORKER = "tests/dist/trainer/worker_foundation.py"
 
 def _malformed(src, root):
     """Three broken copies of a good checkpoint: missing tensor, wrong shape, wrong dtype."""
-    import shutil
-
     tensors = load_file(src / "model.safetensors")
     victim = "model.layers.1.mlp.up_proj.weight"
     cases = {
@@ -50,6 +58,14 @@ def _malformed(src, root):
     return victim
 
 
+def _without_score(src, dst):
+    """A reward checkpoint whose score head is missing (a causal LM's body alone)."""
+    dst.mkdir()
+    shutil.copy(src / "config.json", dst / "config.json")
+    tensors = {k: v for k, v in load_file(src / "model.safetensors").items() if k != SCORE}
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     ckpts = tmp_path_factory.mktemp("ckpts")
@@ -57,6 +73,9 @@ def run(tmp_path_factory):
     for i, spec in enumerate([*SPECS.values(), QWEN3_MOE_TINY]):
         write_hf_checkpoint(spec, ckpts / spec.name, seed=i)
     victim = _malformed(ckpts / QWEN2_TINY.name, ckpts)
+    for i, name in enumerate(sorted({c[0] for c in VALUE_CASES})):
+        write_hf_reward_model(SPECS[name], ckpts / reward_checkpoint(name), seed=100 + i)
+    _without_score(ckpts / reward_checkpoint(VALUE_TRAIN_SPEC), ckpts / "reward_bad_missing_score")
     # Under the device guard: tensors made without a device, host tensors on device groups and big
     # objects over device groups fail here as they would on a GPU (trainer/device_guard.py).
     torchrun(WORKER, 4, [str(out), str(ckpts)], timeout=900, env={"MEGATRON_RL_DEVICE_GUARD": "1"})
@@ -212,3 +231,140 @@ def test_malformed_checkpoints_refused_naming_the_tensor(run):
     assert "missing" in results["bad_missing"]["error"]
     assert "shape" in results["bad_shape"]["error"]
     assert "dtype" in results["bad_dtype"]["error"]
+
+
+# ---- value models (trainer/value.py) ---------------------------------------------------------
+
+
+def _hf_reward(ckpt):
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(ckpt, dtype=torch.float32).eval()
+
+
+def _hf_values(model, seq):
+    """transformers' per-position values: its score head on the body's last hidden state [S]."""
+    return model.score(model.model(torch.tensor([seq])).last_hidden_state)[0, :, 0]
+
+
+@functools.cache
+def _hf_reward_outputs(ckpt):
+    """transformers' own scores (its pooled logits) and per-completion-token values (the value of the
+    state before each completion token: positions p-1 .. n-2), fp32."""
+    model = _hf_reward(ckpt)
+    seqs, prompt_lens = batch()
+    # transformers scores the last token that is not the padding id: the batch must not contain it.
+    assert all(REWARD_PAD_TOKEN_ID not in s for s in seqs)
+    scores, values = [], []
+    with torch.no_grad():
+        for s, p in zip(seqs, prompt_lens):
+            score = model(torch.tensor([s])).logits[0, 0].float()
+            per_position = _hf_values(model, s)
+            assert torch.allclose(per_position[-1], score, atol=1e-6), "the oracle's two paths disagree"
+            scores.append(float(score))
+            values.append(per_position[p - 1 : len(s) - 1].clone())
+    return scores, values
+
+
+def _value_case_id(case) -> str:
+    return value_case_name(*case)
+
+
+@pytest.mark.parametrize("case", VALUE_CASES, ids=_value_case_id)
+def test_reward_model_scores_and_values_match_transformers(run, case):
+    """A value model loaded from a one-label *ForSequenceClassification checkpoint: its scores equal
+    transformers' on the same tokens, and its per-token values transformers' score(hidden) at each
+    position, within 1e-4 in fp32, at every layout (on the first stage, which received them with PP2);
+    and every layout agrees with TP1 x PP1."""
+    out, ckpts, _ = run
+    spec_name = case[0]
+    seqs, prompt_lens = batch()
+    got = torch.load(out / f"value_{_value_case_id(case)}.pt")
+    ref_scores, ref_values = _hf_reward_outputs(ckpts / reward_checkpoint(spec_name))
+    assert len(got["scores"]) == len(seqs)
+    assert [v.shape for v in got["values"]] == [r.shape for r in ref_values]
+    err_scores = max(abs(g - r) for g, r in zip(got["scores"], ref_scores))
+    err_values = max((g - r).abs().max().item() for g, r in zip(got["values"], ref_values))
+    spread = max(ref_scores) - min(ref_scores)
+    print(f"{case}: max |score - HF| = {err_scores:.2e}, max |value - HF| = {err_values:.2e}")
+    assert spread > 0.1, f"the reference scores barely differ ({spread:.2e}): the check would mean little"
+    assert err_scores <= 1e-4, f"{case}: max |score - HF| = {err_scores:.2e}"
+    assert err_values <= 1e-4, f"{case}: max |value - HF| = {err_values:.2e}"
+    base = torch.load(out / f"value_{value_case_name(spec_name, 1, 1, False)}.pt")
+    err_base = max((g - b).abs().max().item() for g, b in zip(got["values"], base["values"]))
+    assert err_base <= 1e-5, f"{case}: max |value - TP1PP1| = {err_base:.2e}"
+
+
+@functools.cache
+def _value_adamw_reference(ckpt):
+    """One torch AdamW step on the HF sequence-classification model: squared error of its per-token
+    score outputs against the fixed targets over the global token count, global-norm clipping."""
+    model = _hf_reward(ckpt)
+    seqs, prompt_lens = batch()
+    targets = value_targets(seqs, prompt_lens)
+    tokens = sum(len(s) - p for s, p in zip(seqs, prompt_lens))
+    loss = 0.0
+    for s, p, t in zip(seqs, prompt_lens, targets):
+        loss = loss + ((_hf_values(model, s)[p - 1 : len(s) - 1] - t) ** 2).sum()
+    (loss / tokens).backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), OPTIM["clip_grad"])
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=OPTIM["lr"],
+        betas=(OPTIM["adam_beta1"], OPTIM["adam_beta2"]),
+        eps=OPTIM["adam_eps"],
+        weight_decay=0.0,
+    )
+    opt.step()
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d, safe_serialization=True)
+        return load_file(f"{d}/model.safetensors"), float(gnorm)
+
+
+@pytest.mark.parametrize("trained", VALUE_TRAIN_CASES, ids=lambda c: value_case_name(VALUE_TRAIN_SPEC, *c))
+def test_value_step_equals_adamw_reference(run, trained):
+    """One value-model optimizer step (TP2 x DP2, the same with sequence parallelism, TP2 x PP2) equals
+    torch AdamW on the HF model's per-token scores. With sequence parallelism the head gathers the
+    sequence and its backward must keep each rank's slice: summing the TP ranks' identical gradients
+    would double the body's and show here (the grad norm first). The head, replicated, stays equal on
+    every TP and DP rank."""
+    out, ckpts, _ = run
+    spec = SPECS[VALUE_TRAIN_SPEC]
+    tag = value_case_name(VALUE_TRAIN_SPEC, *trained)
+    ckpt = ckpts / reward_checkpoint(VALUE_TRAIN_SPEC)
+    ref, ref_gnorm = _value_adamw_reference(ckpt)
+    before = load_file(ckpt / "model.safetensors")
+    full = torch.load(out / f"value_params_{tag}.pt")
+    # The head is read below, rank by rank: the export's gather takes `output_layer.weight` for the
+    # vocabulary's rows (TP shards to concatenate), and a value model's is replicated.
+    full.pop(HEAD_PARAM, None)
+    full.pop(VALUE_HEAD, None)
+    got = {}
+    for name, t in full.items():
+        got.update(megatron_full_to_hf(spec, name, t))
+    heads = [torch.load(f) for f in sorted(out.glob(f"value_head_{tag}_rank*.pt"))]
+    assert len(heads) == 4 // trained[1], "one head copy per last-stage rank"
+    assert all(torch.equal(h, heads[0]) for h in heads), "the head's copies differ between ranks"
+    got[SCORE] = heads[0]
+    assert set(got) == set(ref)
+    err = max((got[n] - ref[n]).abs().max().item() for n in ref)
+    err_head = (got[SCORE] - ref[SCORE]).abs().max().item()
+    moved = max((ref[n] - before[n]).abs().max().item() for n in ref)
+    moved_head = (ref[SCORE] - before[SCORE]).abs().max().item()
+    metrics = json.loads((out / f"value_metrics_{tag}.json").read_text())
+    print(
+        f"{tag}: max |param - AdamW| = {err:.2e} (head {err_head:.2e}), step moved params by up to "
+        f"{moved:.2e} (head {moved_head:.2e}), grad norm {metrics['grad_norm']:.6f} vs {ref_gnorm:.6f}"
+    )
+    assert moved > 1e-3 and moved_head > 1e-3, "the reference step must move the weights, head included"
+    assert err <= 1e-5, f"max |param - AdamW reference| = {err:.2e} (step moved params by up to {moved:.2e})"
+    assert metrics["grad_norm"] == pytest.approx(ref_gnorm, rel=1e-4)
+
+
+def test_reward_model_without_score_refused(run):
+    """A reward checkpoint without `score.weight` is refused, naming it, and the model is left as it was."""
+    out, _, _ = run
+    r = json.loads((out / "value_malformed.json").read_text())
+    assert r["error"] is not None, "a reward checkpoint without its score head was accepted"
+    assert SCORE in r["error"] and "missing" in r["error"], r["error"]
+    assert r["unchanged"], "the model was half-loaded"

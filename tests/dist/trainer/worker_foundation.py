@@ -4,7 +4,9 @@
 
 For each (family, TP, PP) case: build the trainer from the HF checkpoint CKPT_ROOT/<spec name>,
 compute teacher-forced log-probs; then one optimizer step at TP2 (DP2) and TP2xPP2 (DP1); then try
-malformed checkpoints. Rank 0 (and stage leaders) write results into OUT_DIR for the test to check.
+malformed checkpoints. Then the same for value models (trainer/value.py) from the reward checkpoints
+CKPT_ROOT/reward_<spec name>: scores and per-token values, one optimizer step, a reward checkpoint without
+its score head. Rank 0 (and stage leaders) write results into OUT_DIR for the test to check.
 """
 
 import json
@@ -19,6 +21,7 @@ from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.trainer.hf_import import CheckpointError, load_hf_into
 from megatron_rl.trainer.parallel import init_parallel, launched_world
 from megatron_rl.trainer.policy import OptimSettings, Policy
+from megatron_rl.trainer.value import HEAD_PARAM
 from tests.dist.trainer.cases import (
     LOGPROB_CASES,
     MOE_LOGPROB_CASES,
@@ -26,11 +29,18 @@ from tests.dist.trainer.cases import (
     OPTIM,
     TEMPERATURE,
     TRAIN_CASES,
+    VALUE_CASES,
+    VALUE_TRAIN_CASES,
+    VALUE_TRAIN_SPEC,
     advantages,
     batch,
     moe_case_name,
     reinit,
+    reward_checkpoint,
     train_loss,
+    value_case_name,
+    value_loss,
+    value_targets,
 )
 from tests.helpers.specs import QWEN3_MOE_TINY, SPECS
 
@@ -110,7 +120,87 @@ def main() -> None:
         results[bad.name] = {"error": msg, "unchanged": unchanged}
     if rank == 0:
         (OUT / "malformed.json").write_text(json.dumps(results, indent=1))
+    value_models(rank)
     dist.barrier()
+
+
+def torch_norms_with_sequence_parallelism() -> None:
+    """Let the local spec's torch norms run under sequence parallelism, as transformer-engine's do.
+
+    megatron-core's `WrappedTorchNorm` refuses sequence parallelism (the CPU build has no
+    transformer-engine), although a norm is per-token and runs on a sequence slice unchanged. What sequence
+    parallelism changes is its weight's gradient: each TP rank sees only its slice, so TE's norms mark the
+    weight `sequence_parallel` and megatron's `finalize_model_grads` sums it over TP. This builds the same
+    torch norm and marks it the same way; nothing else in the model changes. Test-only."""
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    original = WrappedTorchNorm.__new__
+
+    def new(cls, config, hidden_size, eps=1e-5, **kwargs):
+        if not config.sequence_parallel:
+            return original(cls, config, hidden_size, eps, **kwargs)
+        config.sequence_parallel = False  # past the refusal only; every other check still runs
+        try:
+            norm = original(cls, config, hidden_size, eps, **kwargs)
+        finally:
+            config.sequence_parallel = True
+        for p in norm.parameters():
+            p.sequence_parallel = True
+        return norm
+
+    WrappedTorchNorm.__new__ = staticmethod(new)
+
+
+def value_models(rank: int) -> None:
+    """Value models: scores and values at each layout; at the training layouts (built with an optimizer)
+    one optimizer step after them; at TP2 also a reward checkpoint without its score head, refused."""
+    torch_norms_with_sequence_parallelism()
+    seqs, prompt_lens = batch()
+    global_tokens = float(sum(len(s) - p for s, p in zip(seqs, prompt_lens)))
+    layout = None
+    for spec_name, tp, pp, sp in VALUE_CASES:
+        spec, tag = SPECS[spec_name], value_case_name(spec_name, tp, pp, sp)
+        if (tp, pp, sp) != layout:  # the cases come grouped by layout: build the groups once per layout
+            st, layout = reinit(tp, pp, sequence_parallel=sp), (tp, pp, sp)
+        trains = spec_name == VALUE_TRAIN_SPEC and (tp, pp, sp) in VALUE_TRAIN_CASES
+        vm = Policy(spec, st, head="value", optim=OptimSettings(**OPTIM) if trains else None)
+        ckpt = CKPTS / reward_checkpoint(spec_name)
+        load_hf_into(vm.model, spec, ckpt, tp, st.tp_rank, vm.padded_vocab, value_head=True)
+        got = {"scores": vm.scores(seqs), "values": vm.values(seqs, prompt_lens)}
+        if rank == 0:  # the first stage: with PP2, what the last stage sent it
+            torch.save(got, OUT / f"value_{tag}.pt")
+        if trains:  # each DP rank its contiguous share, the loss normalised by the global token count
+            n = len(seqs) // st.dp
+            mine = slice(st.dp_rank * n, (st.dp_rank + 1) * n)
+            targets = value_targets(seqs, prompt_lens)[mine]
+            metrics = vm.train_step(
+                seqs[mine], prompt_lens[mine], value_loss(global_tokens), extras={"target": targets}
+            )
+            full = full_state(vm)
+            if rank == 0:
+                torch.save(full, OUT / f"value_params_{tag}.pt")
+            if rank == dist.get_world_size() - 1:
+                (OUT / f"value_metrics_{tag}.json").write_text(json.dumps(metrics))
+            # Every last-stage rank's copy of the head: replicated over TP and DP, after the step too.
+            head = dict(vm.named_parameters_global()).get(HEAD_PARAM)
+            if head is not None:
+                torch.save(head.detach().cpu(), OUT / f"value_head_{tag}_rank{rank}.pt")
+        if (spec_name, tp, pp, sp) == (VALUE_TRAIN_SPEC, 2, 1, False):
+            _refuse_reward_model_without_score(vm, spec, st, rank)
+
+
+def _refuse_reward_model_without_score(vm, spec, st, rank: int) -> None:
+    """A reward checkpoint without `score.weight`: refused, naming it, the model untouched."""
+    before = {n: p.detach().clone() for n, p in vm.named_parameters_global()}
+    try:
+        bad = CKPTS / "reward_bad_missing_score"
+        load_hf_into(vm.model, spec, bad, st.tp, st.tp_rank, vm.padded_vocab, value_head=True)
+        msg = None
+    except CheckpointError as e:
+        msg = str(e)
+    unchanged = all(torch.equal(before[n], p) for n, p in vm.named_parameters_global())
+    if rank == 0:
+        (OUT / "value_malformed.json").write_text(json.dumps({"error": msg, "unchanged": unchanged}))
 
 
 if __name__ == "__main__":

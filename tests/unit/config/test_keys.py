@@ -49,7 +49,7 @@ def test_a_user_dataset_through_validate_with_its_columns_mapped(tmp_path, capsy
         ("rollout.temperatur", ["rollout.temperature"]),
         ("rollout.sample_per_prompt", ["rollout.samples_per_prompt"]),
         ("rollouts", ["rollout"]),
-        ("micro_batch_size", ["optim.micro_batch_size"]),
+        ("micro_batch_size", ["critic.micro_batch_size", "optim.micro_batch_size"]),  # both groups have one
         ("zzz", []),
     ],
 )

@@ -317,3 +317,22 @@ def test_the_report_of_one_resumed_step_and_of_older_records_reads_right():
     older = render(summarize(RECORDS), "r")
     assert "run r: 4 steps, 2 ranks" in older and "trends (mean of steps 1-2 -> steps 3-4):" in older
     assert "statuses" not in older and "\n\n" not in older.split("throughput")[1]
+
+
+def test_a_ppo_run_reports_its_critic_with_the_explained_variance_pooled_over_each_window():
+    from megatron_rl.telemetry.report import learning_lines
+
+    recs = [_rec(i, 2.0, 1.0) for i in range(1, 21)]
+    for r in recs:
+        r["value_loss"] = 0.01 if r["step"] <= 10 else 0.002
+        # the last window holds one step of near-constant returns: its own ratio is -99, the window's 0.79
+        r["returns_variance"], r["residual_variance"] = (0.1, 0.1) if r["step"] <= 10 else (0.1, 0.02)
+        r["explained_variance"] = 1 - r["residual_variance"] / r["returns_variance"]
+    recs[-1]["returns_variance"], recs[-1]["residual_variance"], recs[-1]["explained_variance"] = (
+        1e-4,
+        1e-2,
+        -99.0,
+    )
+    lines = learning_lines(summarize(recs))
+    assert lines[-1] == "critic: value loss 0.01 -> 0.002, explained variance 0.00 -> 0.79 (pooled)", lines
+    assert not any(line.startswith("critic:") for line in learning_lines(summarize(RECORDS)))  # GRPO: none
