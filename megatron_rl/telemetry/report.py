@@ -108,6 +108,7 @@ TRENDS = {
     "returns variance": lambda r: r.get("returns_variance"),
     "residual variance": lambda r: r.get("residual_variance"),
 }
+CRITIC_TRENDS = ("value loss", "explained variance", "returns variance", "residual variance")
 
 
 def turns_summary(records: list[dict], w: int) -> dict | None:
@@ -221,6 +222,8 @@ def summarize(records: list[dict]) -> dict:
     trends = {}
     for label, get in TRENDS.items():
         series = [get(r) for r in records]
+        if label in CRITIC_TRENDS and all(v is None for v in series):
+            continue  # not a PPO run: no critic
         trends[label] = {
             "first": _mean(series[:w]),
             "last": _mean(series[-w:]),
@@ -328,8 +331,8 @@ def pooled_explained_variance(trends: dict, window: str) -> float | None:
 def critic_line(s: dict) -> list[str]:
     """PPO's critic, first window -> last: its value loss and explained variance, pooled over each window
     (none for GRPO)."""
-    v = s["trends"]["value loss"]
-    if v["first"] is None and v["last"] is None:
+    v = s["trends"].get("value loss")
+    if v is None or (v["first"] is None and v["last"] is None):
         return []
     one = s["windows"]["first"] == s["windows"]["last"]
     ev = {w: pooled_explained_variance(s["trends"], w) for w in ("first", "last")}
@@ -498,8 +501,8 @@ def render_compare(a: dict, b: dict, name_a: str, name_b: str) -> str:
     for key in ("generated_tokens_per_s", "trained_tokens_per_s", "end_to_end_tokens_per_s"):
         x, y = a["throughput"][key], b["throughput"][key]
         rows.append((key, _f(x, "{:,.0f}"), _f(y, "{:,.0f}"), ratio(x, y)))
-    for label in a["trends"]:
-        x, y = a["trends"][label]["last"], b["trends"][label]["last"]
+    for label in dict.fromkeys([*a["trends"], *b["trends"]]):  # a PPO run beside a GRPO one: its critic's too
+        x, y = (t["trends"].get(label, {}).get("last") for t in (a, b))
         rows.append((f"{label} (last)", _f(x, "{:.4g}"), _f(y, "{:.4g}"), ratio(x, y)))
     head = [f"A = {name_a} ({a['steps']} steps)", f"B = {name_b} ({b['steps']} steps)"]
     return "\n".join([*head, *_table(rows)]) + "\n"

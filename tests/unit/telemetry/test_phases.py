@@ -48,7 +48,7 @@ def test_flatten_jsonl_and_plot(tmp_path):
         },
     }
     flat = flatten(rec)
-    assert flat["reward/mean"] == 0.5 and flat["phases/publish/mem_gib"] == 8.0
+    assert flat["reward/mean"] == 0.5 and flat["phases/publish/mem_gib"] == 1.0 + PHASES.index("publish")
     w = JsonlWriter(tmp_path / "steps.jsonl")
     w.write(rec)
     w.close()
