@@ -45,7 +45,10 @@ def runs(uninterrupted):
     steps_file = tmp / "outputs" / "B" / "steps.jsonl"
     deadline = time.time() + 600
     while time.time() < deadline:
-        if steps_file.exists() and len(steps_file.read_text().splitlines()) >= N:
+        # a complete checkpoint to resume from (an asynchronous save completes after the step's record:
+        # under load, step 1's could still be in flight when step 2's record appears)
+        ready = (tmp / "ckpt" / "B" / f"step_{N - 1:06d}").is_dir()
+        if ready and steps_file.exists() and len(steps_file.read_text().splitlines()) >= N:
             break
         if proc.poll() is not None:
             raise AssertionError("run B ended before it could be killed")
