@@ -158,6 +158,13 @@ def _adamw_reference(ckpt, seqs, prompt_lens):
     adv = advantages(seqs, prompt_lens)
     tokens = sum(len(s) - p for s, p in zip(seqs, prompt_lens))
     loss = -sum((lp * a).sum() for lp, a in zip(lps, adv)) / tokens
+    return _adamw_step(model, loss)
+
+
+def _adamw_step(model, loss):
+    """Backward of `loss`, global-norm clipping and one torch AdamW step with the trainer's OPTIM; returns
+    the tensors under their names on disk, by HF's own saving (in memory an MoE's experts are fused per
+    layer, gate_up_proj [E, 2I, H]; on disk they are one tensor per expert and projection), and the norm."""
     loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), OPTIM["clip_grad"])
     opt = torch.optim.AdamW(
@@ -168,8 +175,6 @@ def _adamw_reference(ckpt, seqs, prompt_lens):
         weight_decay=0.0,
     )
     opt.step()
-    # The tensors under their names on disk, by HF's own saving: in memory an MoE's experts are fused
-    # per layer (gate_up_proj [E, 2I, H]); on disk they are one tensor per expert and projection.
     with tempfile.TemporaryDirectory() as d:
         model.save_pretrained(d, safe_serialization=True)
         return load_file(f"{d}/model.safetensors"), float(gnorm)
@@ -306,19 +311,7 @@ def _value_adamw_reference(ckpt):
     loss = 0.0
     for s, p, t in zip(seqs, prompt_lens, targets):
         loss = loss + ((_hf_values(model, s)[p - 1 : len(s) - 1] - t) ** 2).sum()
-    (loss / tokens).backward()
-    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), OPTIM["clip_grad"])
-    opt = torch.optim.AdamW(
-        model.parameters(),
-        lr=OPTIM["lr"],
-        betas=(OPTIM["adam_beta1"], OPTIM["adam_beta2"]),
-        eps=OPTIM["adam_eps"],
-        weight_decay=0.0,
-    )
-    opt.step()
-    with tempfile.TemporaryDirectory() as d:
-        model.save_pretrained(d, safe_serialization=True)
-        return load_file(f"{d}/model.safetensors"), float(gnorm)
+    return _adamw_step(model, loss / tokens)
 
 
 @pytest.mark.parametrize("trained", VALUE_TRAIN_CASES, ids=lambda c: value_case_name(VALUE_TRAIN_SPEC, *c))
