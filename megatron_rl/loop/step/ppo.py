@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron_rl.loop.step.rl_batch import shaped_rewards
+from megatron_rl.loop.step.rl_batch import gather_over_dp, shaped_rewards
 from megatron_rl.rollout.types import Sample
 
 
@@ -28,16 +28,6 @@ def _all_reduce_sum(t: torch.Tensor, group) -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(t, group=group)
     return t
-
-
-def _all_gather_dict(local: dict, dp_cpu_group) -> dict:
-    import torch.distributed as dist
-
-    if dist.is_initialized() and dist.get_world_size(dp_cpu_group) > 1:
-        parts: list[dict | None] = [None] * dist.get_world_size(dp_cpu_group)
-        dist.all_gather_object(parts, local, group=dp_cpu_group)
-        return {k: v for p in parts for k, v in (p or {}).items()}
-    return local
 
 
 def generated_mask(s: Sample) -> torch.Tensor:
@@ -192,7 +182,7 @@ def reward_model_scores(rm, samples: list[Sample], idx: list[int], dp_cpu_group=
     rank scores its share `idx`, and the shares are exchanged over the DP group's gloo twin."""
     chosen = [samples[i] for i in idx]
     scores = rm.scores([s.sequence for s in chosen]) if chosen else []
-    return _all_gather_dict(dict(zip(idx, scores)), dp_cpu_group)
+    return gather_over_dp(dict(zip(idx, scores)), dp_cpu_group)
 
 
 def combine_rewards(samples: list[Sample], scores: dict[int, float], reward_cfg) -> None:

@@ -75,8 +75,6 @@ def kl_sums(
     trajectory's observations are not the policy's: `samples` gives their masks), for every sample of the
     step (each DP rank computed its own samples; they are exchanged as host objects over the DP group's
     gloo twin, `Processes.dp_cpu_group`)."""
-    import torch.distributed as dist
-
     from megatron_rl.algorithms import kl_estimate
 
     def mask(i: int) -> torch.Tensor | float:
@@ -84,11 +82,20 @@ def kl_sums(
             return 1.0
         return torch.tensor(samples[i].loss_mask, dtype=torch.float32, device="cpu")
 
-    local = {i: float((kl_estimate(old[i], ref[i], estimator) * mask(i)).sum()) for i in old}
+    return gather_over_dp(
+        {i: float((kl_estimate(old[i], ref[i], estimator) * mask(i)).sum()) for i in old}, dp_cpu_group
+    )
+
+
+def gather_over_dp(local: dict, dp_cpu_group=None) -> dict:
+    """Every DP rank's dict (sample index -> a host value for its own samples) merged, on every rank, over
+    the DP group's gloo twin (`Processes.dp_cpu_group`)."""
+    import torch.distributed as dist
+
     if dist.is_initialized() and dist.get_world_size(dp_cpu_group) > 1:
         parts: list[dict | None] = [None] * dist.get_world_size(dp_cpu_group)
         dist.all_gather_object(parts, local, group=dp_cpu_group)
-        local = {k: v for p in parts for k, v in (p or {}).items()}
+        return {k: v for p in parts for k, v in (p or {}).items()}
     return local
 
 
