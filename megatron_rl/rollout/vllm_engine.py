@@ -14,8 +14,9 @@ of an engine. Seeds mix (engine seed, engine index, call, prompt, sample), so en
 
 Weights: an engine started from a directory that holds only config.json (`load_format="dummy"`) has
 no policy until the first `update_weights`; generation refuses to run before it. `update_weights`
-reloads whole fused groups in place and then resets the prefix cache, without which a prompt longer
-than one KV block keeps reusing KV computed with the old weights.
+reloads the whole publication in place, in one call with its fused groups whole, and then resets the
+prefix cache, without which a prompt longer than one KV block keeps reusing KV computed with the old
+weights.
 
 Sleep: the GPU build frees memory (level 1 offloads weights to host, level 2 discards them; the KV
 cache is dropped at both; the level follows the publication's delivery, rollout/delivery.py);
@@ -138,6 +139,7 @@ class VLLMEngine:
         self.max_model_len = _max_model_len(model_dir, max_model_len)
         self.num_experts = _num_experts(model_dir)
         self.experts_repacked = 0  # layers whose reloaded experts vLLM's CPU build left unpacked
+        self.reload_calls = 0  # vLLM reload_weights calls: one per publication (or restore)
         # Routing replay (algorithm.routing_replay): each sample carries the experts it was routed to.
         self.routes = None
         wrong = engine_problems(self.on_gpu, self.num_experts, tp, expert_parallel, record_routes)
@@ -497,13 +499,20 @@ class VLLMEngine:
         groups = group_fused(named_tensors, self.num_experts)
         if not groups:
             raise ValueError(f"publication of version {version} holds no tensors")
-        for group in groups:
-            self.llm.collective_rpc(
-                "reload_weights", kwargs=dict(weights_iterator=iter(group), is_checkpoint_format=True)
-            )
-            if self.num_experts and not self.on_gpu and fused_group_key(group[0][0]).endswith(".mlp.experts"):
-                # rollout/moe_reload.py: vLLM's CPU reload leaves the experts unpacked
-                self.experts_repacked += repack_if_left_raw(self.model, group)
+        # One reload call for the whole publication, its fused groups whole and one after another: vLLM sets
+        # up a layerwise reload over the entire model on every call and, finishing it, puts the old kernel
+        # tensors back on every layer the call did not write ("Failed to load weights", once per layer), so
+        # a call per group repeated that set-up and that warning for every layer, group after group.
+        self.llm.collective_rpc(
+            "reload_weights",
+            kwargs=dict(weights_iterator=(t for group in groups for t in group), is_checkpoint_format=True),
+        )
+        self.reload_calls += 1
+        if self.num_experts and not self.on_gpu:
+            for group in groups:
+                if fused_group_key(group[0][0]).endswith(".mlp.experts"):
+                    # rollout/moe_reload.py: vLLM's CPU reload leaves the experts unpacked
+                    self.experts_repacked += repack_if_left_raw(self.model, group)
         self._reset_prefix_cache()
         self.version = version
         self._weights_valid = True

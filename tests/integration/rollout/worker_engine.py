@@ -8,7 +8,9 @@ HF transformers' Qwen2 on the same state dict, with the convention of rollout/sa
 to its logits.
 """
 
+import contextlib
 import json
+import logging
 import os
 import sys
 import time
@@ -53,6 +55,25 @@ def oracle_diff(model, samples, s: SamplingSettings):
         fin = torch.isfinite(ref)
         worst = max(worst, (ref[fin] - torch.tensor(x.logprobs)[fin]).abs().max().item())
     return worst, outside
+
+
+@contextlib.contextmanager
+def vllm_warnings(text: str):
+    """The messages of vLLM's log records containing `text` while the block runs (vLLM's loggers do not
+    propagate to the root logger, so the handler sits on its own "vllm" logger)."""
+    seen: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            if text in record.getMessage():
+                seen.append(record.getMessage())
+
+    handler = Catch(level=logging.WARNING)
+    logging.getLogger("vllm").addHandler(handler)
+    try:
+        yield seen
+    finally:
+        logging.getLogger("vllm").removeHandler(handler)
 
 
 def error_of(fn):
@@ -138,14 +159,23 @@ def main():
     # Stale prefix cache, a control: a long prompt's first KV block is cached under v0; a push without
     # reset keeps it (the output disagrees with HF under the new weights); update_weights resets it.
     greedy_long = SamplingSettings(temperature=0.0, max_new_tokens=8)
+    # The control reloads group by group, as one call per fused group would: vLLM then puts the old tensors
+    # back on every layer a call did not write and warns once per such layer; update_weights's single call
+    # for the whole publication writes every layer and warns on none.
     eng.generate([LONG_PROMPT], 1, greedy_long)
-    for group in group_fused(sd1.items()):
-        eng.llm.collective_rpc(
-            "reload_weights", kwargs=dict(weights_iterator=iter(group), is_checkpoint_format=True)
-        )
+    with vllm_warnings("Failed to load weights") as per_group:
+        for group in group_fused(sd1.items()):
+            eng.llm.collective_rpc(
+                "reload_weights", kwargs=dict(weights_iterator=iter(group), is_checkpoint_format=True)
+            )
+    r["failed_load_warnings_per_group"] = per_group
     stale = eng.generate([LONG_PROMPT], 1, greedy_long)
     r["stale_without_reset"] = oracle_diff(m1, stale, greedy_long)[0]
-    eng.update_weights(sd1.items(), version=1)
+    calls = eng.reload_calls
+    with vllm_warnings("Failed to load weights") as one_call:
+        eng.update_weights(sd1.items(), version=1)
+    r["failed_load_warnings_update"] = one_call
+    r["reload_calls_per_update"] = eng.reload_calls - calls
     fresh = eng.generate([LONG_PROMPT], 1, greedy_long)
     r["fresh_after_update"] = oracle_diff(m1, fresh, greedy_long)[0]
     r["fresh_greedy_equals_hf"] = (
