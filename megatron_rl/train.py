@@ -6,7 +6,8 @@ Each step:
   1. generate n samples per prompt with the published policy; every finished sample is scored at
      once in the sandboxed reward pool, while the engine keeps generating;
   2. old-policy log-probs (before the first update; they also check the engine's log-probs) and
-     reference log-probs (frozen copy; skipped when the KL coefficient is 0);
+     reference log-probs (frozen copy; skipped when the KL coefficient is 0); synchronous, these run
+     as soon as generation ends, while the reward pool scores its last samples (step 3 waits for them);
   3. group-relative advantages (per prompt, over its n samples); with PPO (algorithm.name=ppo) the
      critic's values and per-token advantages by GAE instead (loop/step/ppo.py);
   4. k minibatches, one optimizer step each (algorithm.epochs passes): clipped surrogate + KL to the
@@ -120,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         with log.phase("publish"):
             publication = feed.publish(step)
 
-        # 1. generate and score (streamed; separated: on the engine ranks), then every rank sees every sample
+        # 1. generate and score (streamed; separated: on the engine ranks), then every rank sees every sample;
+        #    synchronous, the batch comes when generation ends, the reward pool still scoring its last samples
         samples, stats, rounds = feed.batch(step)
         lag = feed.lag(samples, step)  # 0 when synchronous; at most rollout.max_staleness when async
         newest = max(
@@ -143,19 +145,17 @@ def main(argv: list[str] | None = None) -> int:
         exact = tokens_exact(samples, trained, procs.cpu_group)
         if not exact:
             raise RuntimeError(mismatch_message(step + 1, samples, trained))
-        # A learned reward model scores this rank's samples; every rank then has every sample's reward: the
-        # recipe's weighted sum of the model's score and the verifier's
+        # A learned reward model scores this rank's samples; every rank receives every score
         if reward_model is not None:
             with log.phase("reward_model"):
                 scores = ppo.reward_model_scores(reward_model, samples, mine, procs.dp_cpu_group)
-            ppo.combine_rewards(samples, scores, cfg.reward)
         replay = algo.routing_replay
         # PPO's first critic.critic_only_steps train only the critic; the policy's agreement then needs a forward
         train_policy = critic is None or step >= cfg.critic.critic_only_steps
         source = old_policy.source(
             algo.old_logprobs, algo.minibatches, algo.kl_in_reward, algo.kl_coef, algo.epochs
         )
-        old, ref, agreement = {}, {}, None
+        old, ref, agreement, values = {}, {}, None, {}
         if source == old_policy.RECOMPUTE:
             with log.phase("old_logprobs"):
                 old = scored(policy, samples, mine, temp, replay)
@@ -166,10 +166,21 @@ def main(argv: list[str] | None = None) -> int:
             with log.phase("ref_logprobs"):
                 ref = scored(reference, samples, mine, temp, replay)
 
-        # 3. advantages (the KL folded into the rewards when the recipe says so). GRPO: group-relative, over
+        if critic is not None:  # PPO: the critic's values of this rank's samples
+            with log.phase("critic_values"):
+                values = ppo.critic_values(critic, samples, mine)
+
+        # 3. the rewards: the forwards above ran while the reward pool scored (synchronous runs); its last
+        #    results arrive now, and with a reward model, each reward is the recipe's weighted sum of the
+        #    model's score and the verifier's.
+        feed.rewards()
+        if reward_model is not None:
+            ppo.combine_rewards(samples, scores, cfg.reward)
+
+        # 4. advantages (the KL folded into the rewards when the recipe says so). GRPO: group-relative, over
         #    whole trajectories (a multi-turn sample is one trajectory with one reward: rollout/turns.py).
-        #    PPO: the critic's values of this rank's samples, then GAE per token (loop/step/ppo.py).
-        values, returns, ppo_metrics = {}, {}, {}
+        #    PPO: GAE per token over the critic's values (loop/step/ppo.py).
+        returns, ppo_metrics = {}, {}
         if critic is None:
             kl = (
                 kl_sums(old, ref, algo.kl_estimator, procs.dp_cpu_group, samples)
@@ -180,15 +191,13 @@ def main(argv: list[str] | None = None) -> int:
                 samples, ro.samples_per_prompt, algo, ro.max_new_tokens, kl, ro.turn_penalty
             )
         else:
-            with log.phase("critic_values"):
-                values = ppo.critic_values(critic, samples, mine)
             kl = ppo.token_kl(old, ref, algo.kl_estimator) if algo.kl_in_reward and ref else None
             adv, returns, ppo_metrics = ppo.advantages(
                 samples, mine, values, algo, ro.max_new_tokens, ro.turn_penalty, kl, procs.dp_cpu_group
             )
         keep = loss_mask_keep(samples, algo)
 
-        # 4. k minibatches, one optimizer step each. Without a recompute, the first minibatch's forward
+        # 5. k minibatches, one optimizer step each. Without a recompute, the first minibatch's forward
         #    (before any update) gives the engine-vs-trainer agreement of its samples. The loss covers the
         #    tokens the model generated; a multi-turn trajectory's observations are context (minibatch_extras).
         #    PPO: the critic takes an optimizer step of its own on each minibatch, on the same tokens, for

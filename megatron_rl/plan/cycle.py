@@ -2,6 +2,10 @@
 
 Serial (colocated, or separated and synchronous): every phase waits for the one before:
     [switch] + generation + exposed scoring + old/ref log-probs + train + optimizer + publish
+except that the batch comes when generation ends (loop/step/collect.py PendingRewards): the switch and
+the forwards that need no reward (reference and old log-probs, a reward model's scores, a critic's
+values) run while the pool finishes, and only the scoring they do not cover is exposed. Dynamic
+sampling, partial rollouts and multi-turn wait for their rewards first (`Workload.defer_scoring`).
 Overlapped (separated, one-step asynchronous): step t+1 is collected while step t is learned, so the
 step takes the larger of the two paths:
     collection = publish + generation + exposed scoring           (engine GPUs and the CPU pool)
@@ -36,7 +40,7 @@ and the colocated switch moves the critic's grads and optimizer state too (its w
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from megatron_rl.models.experts import PER_EXPERT
 from megatron_rl.parallel.layout import RECOMPUTE_MODES, ParallelLayout
@@ -100,6 +104,20 @@ class Cycle:
     def step_s(self) -> float:
         """The step this layout actually runs: overlapped only when separated and asynchronous."""
         return self.overlapped_s if self.layout.overlapped else self.serial_s
+
+    def pipelined(self) -> Cycle:
+        """The same pools one step asynchronous: the same phases, except that the engines wait for every
+        reward before they send a batch (nothing of the scoring hides behind the trainer's forwards)."""
+        covered = self.scoring.get("behind_forwards_s", 0.0)
+        phases = {**self.phases, "scoring": self.phases["scoring"] + covered}
+        sc = {
+            **self.scoring,
+            "exposed_s": phases["scoring"],
+            "hidden_s": self.scoring["hidden_s"] - covered,
+            "behind_forwards_s": 0.0,
+        }
+        layout = self.layout.with_(synchrony="async")
+        return replace(self, layout=layout, phases=phases, scoring=sc, serial_s=sum(phases.values()))
 
     @property
     def gpu_seconds(self) -> float:
@@ -273,6 +291,10 @@ def switch_seconds(inp: PlanInputs, layout: ParallelLayout, memory: dict) -> flo
     return moved / inp.hw.host_link_bytes_per_s
 
 
+# What runs between generation's end and the wait for the last reward, when scoring is deferred.
+NEED_NO_REWARD = ("switch", "reward_model", "old_logprobs", "ref_logprobs", "critic_values")
+
+
 def cycle(inp: PlanInputs, layout: ParallelLayout) -> Cycle:
     gen = generation(inp, layout)
     sc = scoring(inp, gen)
@@ -283,7 +305,20 @@ def cycle(inp: PlanInputs, layout: ParallelLayout) -> Cycle:
     phases["publish"] = pub["total_s"]
     if layout.colocated:
         phases["switch"] = switch_seconds(inp, layout, mem)
-    return from_phases(layout, phases, gen, sc, pub, mem)
+    out = from_phases(layout, phases, gen, sc, pub, mem)
+    if not inp.work.defer_scoring or layout.overlapped:
+        return out
+    # the serial cycle's scoring is what the forwards leave; the collection path (the same layout run
+    # asynchronously, which waits for every reward before it sends the batch) keeps it all
+    covered = min(phases["scoring"], sum(phases.get(p, 0.0) for p in NEED_NO_REWARD))
+    serial = {**phases, "scoring": phases["scoring"] - covered}
+    sc = {
+        **sc,
+        "exposed_s": serial["scoring"],
+        "hidden_s": sc["hidden_s"] + covered,
+        "behind_forwards_s": covered,
+    }
+    return replace(out, phases=serial, scoring=sc, serial_s=sum(serial.values()))
 
 
 def from_phases(layout: ParallelLayout, phases: dict, gen, sc, pub, mem) -> Cycle:

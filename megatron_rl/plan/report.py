@@ -99,7 +99,7 @@ def _overlap_option(own: Cycle, splits: list[Cycle]) -> Cycle | None:
     if own.layout.overlapped:
         return own
     if not own.layout.colocated:
-        return dataclasses.replace(own, layout=own.layout.with_(synchrony="async"))
+        return own.pipelined()
     options = [c for c in splits if c.layout.overlapped and c.fits]
     return min(options, key=lambda c: c.step_s) if options else None
 

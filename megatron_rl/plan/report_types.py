@@ -263,7 +263,8 @@ class GpuSeconds:
 
 @dataclass(frozen=True)
 class Scoring:
-    """The CPU pool: `serial_s` unstreamed; streamed, `hidden_s` of it overlaps generation."""
+    """The CPU pool: `serial_s` unstreamed; streamed, `hidden_s` of it overlaps generation and, when the
+    batch comes before its rewards, `behind_forwards_s` of that overlaps the forwards that need none."""
 
     core_seconds: float
     waves: int
@@ -271,6 +272,7 @@ class Scoring:
     exposed_s: float
     hidden_s: float
     turns: int = 1  # multi-turn: environment runs per trajectory (plan/scoring.py)
+    behind_forwards_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -175,8 +175,8 @@ def search(inp: PlanInputs, total_gpus: int | None = None) -> dict:
             rejected.append({"layout": lay.describe(), "reason": reason, "kind": _kind(reason)})
             continue
         accepted.append(cyc)
-        if not lay.colocated:  # the same pools, pipelined: identical phases, a different step
-            accepted.append(dataclasses.replace(cyc, layout=lay.with_(synchrony="async")))
+        if not lay.colocated:  # the same pools, pipelined: the same phases, a different step
+            accepted.append(cyc.pipelined())
     accepted.sort(key=lambda c: (c.step_s, c.memory["peak"]))
     kinds: dict[str, int] = {}
     for r in rejected:

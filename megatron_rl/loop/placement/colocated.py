@@ -4,7 +4,9 @@ device passes between them every step (timeshare.py).
     publish: the trainer offloads, the engine wakes its weights, the policy lands (and is probed, the
              engine's KV cache woken first), the engine wakes its KV cache
     batch:   this rank's engine generates and its engine leader scores (loop/step/collect.py), every rank
-             receives every sample, then the engine sleeps and the trainer takes the device back
+             receives every sample, then the engine sleeps and the trainer takes the device back; where
+             the batch can be (collect.defers_scoring), as soon as generation ends, and `rewards` waits
+             for the scores the pool is still computing
 """
 
 from __future__ import annotations
@@ -59,9 +61,13 @@ class ColocatedFeed(Feed):
             step,
             group=self.procs.job_cpu_group,  # host objects: gloo (NCCL would stage them on the GPU)
             carry=self.carry,
+            defer=self.defer,
         )
-        s.timeshare.to_train()  # the engine sleeps; the trainer takes the device back
-        return out
+        # the engine sleeps and the trainer takes the device back when generation ends, the leader's reward
+        # pool still scoring: the forwards that need no reward run meanwhile (Feed.rewards)
+        s.timeshare.to_train()
+        *out, self.pending = out
+        return tuple(out)
 
     def close(self) -> None:
         if self.side.pool is not None:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from megatron_rl.loop.placement.feed import STOP, control
 from megatron_rl.loop.step import components
-from megatron_rl.loop.step.collect import collect_batch
+from megatron_rl.loop.step.collect import collect_batch, defers_scoring
 from megatron_rl.parallel import schedule
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ def serve(run, procs, records) -> int:
     publisher.next_version = start + 1
     _ignore_preemption_signals()  # the trainer saves and tells us to stop; we must not die first
     k = run.staleness
+    defer = defers_scoring(cfg, k)  # as the trainer's feed decides (loop/placement/feed.py)
     try:
         for step in range(start, cfg.steps):
             if control(procs, None) == STOP:
@@ -61,7 +62,7 @@ def serve(run, procs, records) -> int:
             due = schedule.batches_before_train(step, start, k, cfg.steps)
             for t in due + schedule.batches_after_train(step, k, cfg.steps):
                 group = procs.job_cpu_group
-                collect_batch(
+                *_, pending = collect_batch(
                     cfg,
                     engine,
                     engine_index,
@@ -72,7 +73,10 @@ def serve(run, procs, records) -> int:
                     t,
                     group=group,
                     carry=carry,
+                    defer=defer,
                 )
+                if pending is not None:  # the samples went out unscored; their rewards follow at once, and
+                    pending.wait()  # the trainer takes them after its forwards (Feed.rewards)
             # The trainer records the engines' timing from the batches it receives; none is kept here.
             records.timer.take()
             records.timer.take_spans()

@@ -25,6 +25,7 @@ from functools import partial
 import torch.distributed as dist
 
 from megatron_rl.loop.step.carry import carry_from_record, carry_record
+from megatron_rl.loop.step.collect import defers_scoring
 from megatron_rl.reshard.faults import ENV as FAULT_ENV
 from megatron_rl.reshard.faults import FaultInjector
 
@@ -61,6 +62,9 @@ class Feed:
         # rollout.partial: the groups cut by the last batch, the same on every rank of the job
         saved = resumed_carry(self.cfg, carried)  # refuses a carry this run cannot continue
         self.carry = carry_from_record(saved, task) if self.cfg.rollout.partial else None
+        # A batch returns when generation ends and its rewards follow (`rewards`), where it can
+        self.defer = defers_scoring(self.cfg, self.k)
+        self.pending = None  # the batch's PendingRewards (collect.py) until `rewards` has waited for them
 
     # ---- the meetings: the placement's ----
     def publish(self, step: int):
@@ -77,6 +81,14 @@ class Feed:
     def batch(self, step: int) -> tuple:
         """Step `step`'s scored samples, their CollectStats and the sampling rounds drawn."""
         raise NotImplementedError
+
+    def rewards(self) -> None:
+        """The last batch's verifier rewards, filled into its samples (in place) once the reward pool has
+        scored them; the forwards that need no reward run before this. Collective over the job: every rank
+        calls it once per batch, also where the batch came scored (it then returns at once)."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.wait()
 
     def after_train(self, step: int) -> None:
         """Asynchronous: receive the batch the engines drew while this step trained."""

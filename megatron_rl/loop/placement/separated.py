@@ -33,7 +33,8 @@ class SeparatedFeed(Feed):
         self._forget_before(step)
         for t in schedule.batches_before_train(step, self.start, self.k, self.cfg.steps):
             self._receive(t)  # synchronous: this step's; asynchronous, first step: the first k
-        return self.batches.pop(step)
+        *batch, self.pending = self.batches.pop(step)
+        return tuple(batch)
 
     def after_train(self, step: int) -> None:
         for t in schedule.batches_after_train(step, self.k, self.cfg.steps):
@@ -64,6 +65,7 @@ class SeparatedFeed(Feed):
                 t,
                 group=self.procs.job_cpu_group,
                 carry=self.carry,
+                defer=self.defer,  # the engine leaders send the rewards later (Feed.rewards)
             )
         self.waited += time.perf_counter() - t0
         stats = batch[1]

@@ -111,6 +111,7 @@ def generate_and_score(
     keep_groups: int | None = None,
     carried: dict[int, CarriedGroup] | None = None,
     max_cuts: int = 1,
+    deferred: list | None = None,
 ) -> tuple[list[Sample], list[CarriedGroup]]:
     """This engine's samples, scored, and the groups it cut (only the engine's leader returns them; other
     TP ranks get ([], [])).
@@ -118,7 +119,9 @@ def generate_and_score(
     `keep_groups` (rollout.oversample): return only the first `keep_groups` prompts to have all n
     samples finished, and stop generating then; the others' samples are dropped (counted in stats).
     `carried` (rollout.partial; local prompt index -> its carried group): the others are cut and returned
-    instead, and the carried groups' cut samples are continued, their finished ones kept as scored."""
+    instead, and the carried groups' cut samples are continued, their finished ones kept as scored.
+    `deferred` (a list, the leader's): do not wait for the pool; the samples it still scores are returned
+    unscored (status "") and their pool keys appended to `deferred`, for `PendingRewards.wait`."""
     partial = carried is not None
     carried = carried or {}
     forced = [i for i in sorted(carried) if carried[i].cuts >= max_cuts]
@@ -168,20 +171,24 @@ def generate_and_score(
     stats.generated_tokens += sum(len(c.token_ids) - held[(c.prompt_index, c.sample_index)] for c in cut)
     if not is_leader:
         return [], []
-    t1 = time.perf_counter()
     results = {}
-    with timer.phase("scoring"):
-        for r in pool.results() if not turns else ():
-            results[r.sample_id] = r
-    stats.scoring_tail_s += time.perf_counter() - t1
-    for name in ("generation", "scoring"):
-        if name in getattr(timer, "stats", {}):
-            stats.mem_gib[name] = max(stats.mem_gib.get(name, 0.0), timer.stats[name].mem_gib)
+    if deferred is None:
+        t1 = time.perf_counter()
+        with timer.phase("scoring"):
+            for r in pool.results() if not turns else ():
+                results[r.sample_id] = r
+        stats.scoring_tail_s += time.perf_counter() - t1
+    else:
+        deferred += list(pending)
+    _note_memory(timer, stats)
     scored: dict[int, list[Sample]] = {i: [replace(x) for x in g.finished] for i, g in carried.items()}
     for s in scored_now.values():
         stats.scoring_busy_s += s.env_seconds
         scored.setdefault(s.prompt_index, []).append(s)
     for key, s in pending.items():
+        if deferred is not None:  # scored later, by PendingRewards.wait
+            scored.setdefault(s.prompt_index, []).append(replace(s))
+            continue
         r = results[key]
         stats.scoring_busy_s += r.seconds
         scored.setdefault(s.prompt_index, []).append(replace(s, reward=float(r.reward), status=r.status))
@@ -200,6 +207,63 @@ def generate_and_score(
         # else: generated and scored, but its group finished after the quota was met: dropped
     stats.samples += len(out)
     return out, left
+
+
+def _note_memory(timer, stats: CollectStats) -> None:
+    for name in ("generation", "scoring"):
+        if name in getattr(timer, "stats", {}):
+            stats.mem_gib[name] = max(stats.mem_gib.get(name, 0.0), timer.stats[name].mem_gib)
+
+
+class PendingRewards:
+    """A batch whose verifier rewards the reward pool is still computing (collect_batch with `defer`).
+
+    The trainer's forwards that need no reward (old-policy and reference log-probs, a critic's values)
+    run while the pool scores; `wait` then takes the last results, and every rank fills them into its
+    samples, in place. What the wait lasts is the step's `scoring` phase: the scoring that generation and
+    those forwards did not hide. Collective over the batch's host group: every rank calls `wait` once."""
+
+    def __init__(self, samples: list[Sample], keys: list[tuple], pool, expected: list, group, timer, stats):
+        """`keys[i]`: samples[i]'s pool key; `pool`, `expected`: the engine leader's pool and the keys it
+        still scores (None and [] elsewhere)."""
+        self.samples, self.keys, self.pool, self.expected = samples, keys, pool, expected
+        self.group, self.timer, self.stats = group, timer, stats
+        self.done = False
+
+    def wait(self) -> None:
+        if self.done:
+            raise RuntimeError("PendingRewards.wait() called twice: the batch is scored already")
+        got: dict = {}
+        t1 = time.perf_counter()
+        with self.timer.phase("scoring"):
+            if self.pool is not None and self.expected:
+                for r in self.pool.results():
+                    got[r.sample_id] = (float(r.reward), r.status, float(r.seconds))
+            parts = [got]
+            if dist.is_initialized() and dist.get_world_size(self.group) > 1:
+                parts = [None] * dist.get_world_size(self.group)
+                dist.all_gather_object(parts, got, group=self.group)
+            merged = {k: v for p in parts for k, v in (p or {}).items()}
+        missing = [k for k in self.expected if k not in got]
+        if missing:
+            raise RuntimeError(
+                f"the reward pool returned no result for {len(missing)} samples: {missing[:4]}"
+            )
+        self.stats.scoring_tail_s += time.perf_counter() - t1
+        # an engine leader's own sandbox seconds; a rank without a pool (a separated trainer, whose stats are
+        # the slowest engine's) the busiest leader's
+        busy = [sum(v[2] for v in (p or {}).values()) for p in parts]
+        self.stats.scoring_busy_s += sum(v[2] for v in got.values()) if self.pool is not None else max(busy)
+        _note_memory(self.timer, self.stats)
+        for s, key in zip(self.samples, self.keys):
+            if s.status:  # scored already (a carried or multi-turn sample)
+                continue
+            if key not in merged:  # fail closed: an unscored sample never trains with reward 0
+                raise RuntimeError(
+                    f"sample {key} of the batch was never scored: no engine leader returned it"
+                )
+            s.reward, s.status, _ = merged[key]
+        self.done = True
 
 
 def gather_all(
@@ -234,8 +298,27 @@ def _groups(samples: list[Sample]) -> list[list[Sample]]:
     return [out[k] for k in sorted(out)]
 
 
+def defers_scoring(cfg, staleness: int) -> bool:
+    """Whether a step's batch returns before its rewards, so that the trainer's forwards that need none
+    overlap the scoring: synchronous runs only (asynchronous, the scoring already hides behind the
+    training); not with dynamic sampling, which chooses groups by their rewards, nor with partial
+    rollouts or multi-turn environments, whose samples are carried scored or come scored."""
+    ro = cfg.rollout
+    return staleness == 0 and not (cfg.algorithm.dynamic_sampling or ro.partial or ro.env)
+
+
 def collect_batch(
-    cfg, engine, engine_index: int, is_leader: bool, task, pool, timer, step: int, group=None, carry=None
+    cfg,
+    engine,
+    engine_index: int,
+    is_leader: bool,
+    task,
+    pool,
+    timer,
+    step: int,
+    group=None,
+    carry=None,
+    defer: bool = False,
 ):
     """One step's batch: `data.prompts_per_step` groups of `samples_per_prompt` scored samples.
 
@@ -249,6 +332,9 @@ def collect_batch(
     aside and more prompts are drawn, up to `max_resample_rounds` extra rounds; if the rounds run out,
     set-aside groups fill the batch (their advantages are zero, so they add no gradient) and the batch
     keeps its shape. Returns (samples in prompt-major order, CollectStats, rounds drawn).
+
+    `defer` (where `defers_scoring`): the samples come back as soon as generation ends, unscored, with a
+    fourth value, the PendingRewards whose `wait` scores them; otherwise the fourth value is None.
     """
     from megatron_rl.algorithms import fill_batch, informative_groups
 
@@ -259,6 +345,9 @@ def collect_batch(
         cfg.data.prompts_per_step,
     )
     partial = ro.partial
+    if defer and not defers_scoring(cfg, 0):
+        raise ValueError("a batch of dynamic sampling, partial rollouts or multi-turn cannot be scored later")
+    deferred: list | None = [] if defer else None
     if partial and (carry is None or algo.dynamic_sampling):
         raise ValueError("rollout.partial needs the run's carry, and does not combine with dynamic sampling")
     stats = CollectStats()
@@ -292,6 +381,7 @@ def collect_batch(
                 keep_groups=quota if len(mine) > quota else None,
                 carried={k: items[i] for k, i in enumerate(mine) if i < len(carried)} if partial else None,
                 max_cuts=ro.partial_max_cuts,
+                deferred=deferred,
             )
         # Engine leaders send their timing for a trainer that has none of its own (separated).
         own = stats if engine is not None and is_leader else None
@@ -322,9 +412,16 @@ def collect_batch(
         )
         rounds += 1
     batch = (kept + spare)[:target]
-    samples = []
-    for new_index, group in enumerate(batch):
-        for s in group:
+    samples, keys = [], []
+    for new_index, members in enumerate(batch):
+        for s in members:
+            keys.append((s.prompt_index, s.sample_index))  # the pool's key: the prompt's index in its draw
             s.prompt_index = new_index
             samples.append(s)
-    return samples, stats, rounds
+    pending = None
+    if defer:
+        leader = engine is not None and is_leader
+        pending = PendingRewards(
+            samples, keys, pool if leader else None, deferred if leader else [], group, timer, stats
+        )
+    return samples, stats, rounds, pending

@@ -77,7 +77,7 @@ def main():
         for step in range(BATCHES):
             version = step + 1
             engine.update_weights(peaky_hf_state(version).items(), version=version)
-            samples, stats, _ = collect_batch(cfg, engine, 0, True, task, pool, timer, step, carry=carry)
+            samples, stats, _, _ = collect_batch(cfg, engine, 0, True, task, pool, timer, step, carry=carry)
             records = carry_record(carry, task)
             restored = carry_from_record(json.loads(json.dumps(records)), task)
             assert restored == carry, "the carry changed through its checkpoint records"

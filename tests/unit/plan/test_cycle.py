@@ -60,7 +60,8 @@ def test_serial_and_overlapped_cycles():
     inp = hand_inputs(hw=SLOW)
     c = cycle(inp, HAND_LAYOUT)
     assert c.serial_s == pytest.approx(sum(c.phases.values()))
-    collection = c.phases["generation"] + c.phases["scoring"]
+    # the collection path waits for every reward: the scoring the serial cycle hides behind its forwards too
+    collection = c.phases["generation"] + c.phases["scoring"] + c.scoring["behind_forwards_s"]
     learning = sum(
         c.phases[k] for k in ("old_logprobs", "ref_logprobs", "train_fwd_bwd", "optimizer", "publish")
     )
@@ -81,6 +82,26 @@ def test_serial_and_overlapped_cycles():
     asyn = cycle(inp, sep.with_(synchrony="async"))
     assert asyn.step_s == asyn.overlapped_s < asyn.serial_s
     assert "switch" not in asyn.phases
+
+
+def test_scoring_hides_behind_the_forwards_that_need_no_reward():
+    """Synchronous, the batch comes when generation ends: the switch and the reference and old
+    log-prob forwards run while the pool scores, and only what they leave is exposed; a run that waits
+    for its rewards first (dynamic sampling, partial rollouts, turns) exposes it all, and an asynchronous
+    one overlaps the whole collection instead."""
+    slow_pool = {"seconds_per_sample": 30.0, "pool_cores": 1}
+    waits = cycle(hand_inputs(work={**slow_pool, "defer_scoring": False}, hw=SLOW), HAND_LAYOUT)
+    defers = cycle(hand_inputs(work=slow_pool, hw=SLOW), HAND_LAYOUT)
+    cover = sum(defers.phases.get(p, 0.0) for p in ("switch", "old_logprobs", "ref_logprobs"))
+    assert 0 < cover < waits.phases["scoring"]  # the case where the forwards hide part of it
+    assert defers.phases["scoring"] == pytest.approx(waits.phases["scoring"] - cover)
+    assert defers.scoring["behind_forwards_s"] == pytest.approx(cover)
+    assert defers.serial_s == pytest.approx(waits.serial_s - cover)
+    quick = cycle(hand_inputs(work={"seconds_per_sample": 1e-6, "pool_cores": 64}, hw=SLOW), HAND_LAYOUT)
+    assert quick.phases["scoring"] == 0.0  # never below zero: the forwards cover it all
+    sep = ParallelLayout(tp=1, pp=1, dp=1, engine_tp=1, engine_count=1, placement="separated", **CANDIDATE)
+    asyn = sep.with_(synchrony="async")
+    assert cycle(hand_inputs(work=slow_pool, hw=SLOW), asyn).phases["scoring"] == waits.phases["scoring"]
 
 
 # ---- properties on the reference recipe ----

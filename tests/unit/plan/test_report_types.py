@@ -155,6 +155,7 @@ def test_a_section_refuses_a_key_it_has_no_field_for():
         "exposed_s": 0.5,
         "hidden_s": 0.5,
         "turns": 1,
+        "behind_forwards_s": 0.0,
     }
     assert dataclasses.asdict(from_dict(Scoring, scoring)) == scoring
     with pytest.raises(TypeError, match="queue_s"):

@@ -19,8 +19,10 @@ def _cfg(partial=True, n=4, prompts=4, oversample=1.5, max_new=16):
             samples_per_prompt=n,
             max_new_tokens=max_new,
             oversample=oversample,
+            env="",
         ),
         data=NS(prompts_per_step=prompts),
+        algorithm=NS(dynamic_sampling=False),
     )
 
 
