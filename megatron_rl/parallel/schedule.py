@@ -24,6 +24,15 @@ def staleness(layout, rollout) -> int:
     return 0
 
 
+def defers_scoring(algorithm, rollout, k: int) -> bool:
+    """Whether a batch B(t) is handed over before its rewards, which follow once the trainer's forwards
+    that need none (reference and old log-probs, a reward model's, a critic's) have run
+    (loop/step/collect.py PendingRewards): synchronous runs only (k >= 1: the scoring already hides behind
+    the training); not with dynamic sampling, which chooses groups by their rewards, nor with partial
+    rollouts or multi-turn environments, whose samples are carried scored or come scored."""
+    return k == 0 and not (algorithm.dynamic_sampling or rollout.partial or rollout.env)
+
+
 def publish_due(step: int, start: int, k: int, steps: int) -> bool:
     """Whether step `step` opens with a publication: always the first step, and later ones only while
     a batch still to be drawn (B(step + k)) will be sampled with it."""

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_rl.algorithms.old_policy import needs_forward
-from megatron_rl.loop.step.collect import defers_scoring
 from megatron_rl.models.experts import GROUPED, expert_gemm
 from megatron_rl.models.spec import ModelSpec
+from megatron_rl.parallel.schedule import defers_scoring
 
 GB = 1e9
 GIB = 2**30
@@ -64,7 +64,7 @@ class Workload:
     # The critic's passes (critic.epochs, the policy's when 0); PPO only.
     critic_epochs: int = 1
     # Synchronous, the batch returns when generation ends and the forwards that need no reward run while the
-    # pool scores (loop/step/collect.py defers_scoring): not with dynamic sampling, partial rollouts, turns.
+    # pool scores (parallel/schedule.py defers_scoring): not with dynamic sampling, partial rollouts, turns.
     defer_scoring: bool = True
 
     @property
@@ -239,7 +239,7 @@ def inputs_from_run(run) -> PlanInputs:
         turns=r.max_turns if r.env else 1,
         epochs=a.epochs,
         critic_epochs=recipe.critic.epochs or a.epochs,
-        defer_scoring=defers_scoring(recipe, 0),  # a synchronous layout's; an asynchronous one overlaps all
+        defer_scoring=defers_scoring(a, r, 0),  # a synchronous layout's; an asynchronous one overlaps all
     )
     hw = Hardware(
         nodes=c.nodes,

@@ -5,8 +5,8 @@ device passes between them every step (timeshare.py).
              engine's KV cache woken first), the engine wakes its KV cache
     batch:   this rank's engine generates and its engine leader scores (loop/step/collect.py), every rank
              receives every sample, then the engine sleeps and the trainer takes the device back; where
-             the batch can be (collect.defers_scoring), as soon as generation ends, and `rewards` waits
-             for the scores the pool is still computing
+             the batch can be (parallel/schedule.py defers_scoring), as soon as generation ends, and
+             `rewards` waits for the scores the pool is still computing
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from megatron_rl.loop.placement.feed import STOP, control
 from megatron_rl.loop.step import components
-from megatron_rl.loop.step.collect import collect_batch, defers_scoring
+from megatron_rl.loop.step.collect import collect_batch
 from megatron_rl.parallel import schedule
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,9 @@ def serve(run, procs, records) -> int:
     publisher.next_version = start + 1
     _ignore_preemption_signals()  # the trainer saves and tells us to stop; we must not die first
     k = run.staleness
-    defer = defers_scoring(cfg, k)  # as the trainer's feed decides (loop/placement/feed.py)
+    defer = schedule.defers_scoring(
+        cfg.algorithm, cfg.rollout, k
+    )  # as the trainer's feed decides (loop/placement/feed.py)
     try:
         for step in range(start, cfg.steps):
             if control(procs, None) == STOP:

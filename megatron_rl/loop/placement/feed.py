@@ -25,7 +25,7 @@ from functools import partial
 import torch.distributed as dist
 
 from megatron_rl.loop.step.carry import carry_from_record, carry_record
-from megatron_rl.loop.step.collect import defers_scoring
+from megatron_rl.parallel import schedule
 from megatron_rl.reshard.faults import ENV as FAULT_ENV
 from megatron_rl.reshard.faults import FaultInjector
 
@@ -63,7 +63,7 @@ class Feed:
         saved = resumed_carry(self.cfg, carried)  # refuses a carry this run cannot continue
         self.carry = carry_from_record(saved, task) if self.cfg.rollout.partial else None
         # A batch returns when generation ends and its rewards follow (`rewards`), where it can
-        self.defer = defers_scoring(self.cfg, self.k)
+        self.defer = schedule.defers_scoring(self.cfg.algorithm, self.cfg.rollout, self.k)
         self.pending = None  # the batch's PendingRewards (collect.py) until `rewards` has waited for them
 
     # ---- the meetings: the placement's ----

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, replace
 import torch.distributed as dist
 
 from megatron_rl.loop.step.carry import CarriedGroup, carry_split
+from megatron_rl.loop.step.rl_batch import gather_parts
+from megatron_rl.parallel.schedule import defers_scoring
 from megatron_rl.rollout.types import Sample
 
 
@@ -223,11 +225,13 @@ class PendingRewards:
     samples, in place. What the wait lasts is the step's `scoring` phase: the scoring that generation and
     those forwards did not hide. Collective over the batch's host group: every rank calls `wait` once."""
 
-    def __init__(self, samples: list[Sample], keys: list[tuple], pool, expected: list, group, timer, stats):
+    def __init__(
+        self, samples: list[Sample], keys: list[tuple], pool, expected: list, cpu_group, timer, stats
+    ):
         """`keys[i]`: samples[i]'s pool key; `pool`, `expected`: the engine leader's pool and the keys it
-        still scores (None and [] elsewhere)."""
+        still scores (None and [] elsewhere); `cpu_group`: the batch's host (gloo) group."""
         self.samples, self.keys, self.pool, self.expected = samples, keys, pool, expected
-        self.group, self.timer, self.stats = group, timer, stats
+        self.cpu_group, self.timer, self.stats = cpu_group, timer, stats
         self.done = False
 
     def wait(self) -> None:
@@ -239,10 +243,7 @@ class PendingRewards:
             if self.pool is not None and self.expected:
                 for r in self.pool.results():
                     got[r.sample_id] = (float(r.reward), r.status, float(r.seconds))
-            parts = [got]
-            if dist.is_initialized() and dist.get_world_size(self.group) > 1:
-                parts = [None] * dist.get_world_size(self.group)
-                dist.all_gather_object(parts, got, group=self.group)
+            parts = gather_parts(got, self.cpu_group)
             merged = {k: v for p in parts for k, v in (p or {}).items()}
         missing = [k for k in self.expected if k not in got]
         if missing:
@@ -280,8 +281,7 @@ def gather_all(
     order (rollout.partial: every rank holds the same carry)."""
     cut = list(cut or [])
     if dist.is_initialized() and dist.get_world_size(cpu_group) > 1:
-        parts: list[tuple | None] = [None] * dist.get_world_size(cpu_group)
-        dist.all_gather_object(parts, (local, stats, cut), group=cpu_group)
+        parts = gather_parts((local, stats, cut), cpu_group)
         local = [s for p in parts for s in (p[0] if p else [])]
         cut = [g for p in parts for g in (p[2] if p else [])]
         given = [p[1] for p in parts if p and p[1] is not None]
@@ -296,15 +296,6 @@ def _groups(samples: list[Sample]) -> list[list[Sample]]:
     for s in samples:
         out.setdefault(s.prompt_index, []).append(s)
     return [out[k] for k in sorted(out)]
-
-
-def defers_scoring(cfg, staleness: int) -> bool:
-    """Whether a step's batch returns before its rewards, so that the trainer's forwards that need none
-    overlap the scoring: synchronous runs only (asynchronous, the scoring already hides behind the
-    training); not with dynamic sampling, which chooses groups by their rewards, nor with partial
-    rollouts or multi-turn environments, whose samples are carried scored or come scored."""
-    ro = cfg.rollout
-    return staleness == 0 and not (cfg.algorithm.dynamic_sampling or ro.partial or ro.env)
 
 
 def collect_batch(
@@ -333,8 +324,9 @@ def collect_batch(
     set-aside groups fill the batch (their advantages are zero, so they add no gradient) and the batch
     keeps its shape. Returns (samples in prompt-major order, CollectStats, rounds drawn).
 
-    `defer` (where `defers_scoring`): the samples come back as soon as generation ends, unscored, with a
-    fourth value, the PendingRewards whose `wait` scores them; otherwise the fourth value is None.
+    `defer` (where parallel/schedule.py `defers_scoring`): the samples come back as soon as generation
+    ends, unscored, with a fourth value, the PendingRewards whose `wait` scores them; otherwise the fourth
+    value is None.
     """
     from megatron_rl.algorithms import fill_batch, informative_groups
 
@@ -345,7 +337,7 @@ def collect_batch(
         cfg.data.prompts_per_step,
     )
     partial = ro.partial
-    if defer and not defers_scoring(cfg, 0):
+    if defer and not defers_scoring(algo, ro, 0):
         raise ValueError("a batch of dynamic sampling, partial rollouts or multi-turn cannot be scored later")
     deferred: list | None = [] if defer else None
     if partial and (carry is None or algo.dynamic_sampling):

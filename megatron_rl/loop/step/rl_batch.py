@@ -87,16 +87,22 @@ def kl_sums(
     )
 
 
+def gather_parts(local, cpu_group=None) -> list:
+    """Every rank's `local` (a host object), in rank order, on every rank of the gloo group `cpu_group`;
+    [local] without a process group or alone in it."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size(cpu_group) > 1:
+        parts: list = [None] * dist.get_world_size(cpu_group)
+        dist.all_gather_object(parts, local, group=cpu_group)
+        return parts
+    return [local]
+
+
 def gather_over_dp(local: dict, dp_cpu_group=None) -> dict:
     """Every DP rank's dict (sample index -> a host value for its own samples) merged, on every rank, over
     the DP group's gloo twin (`Processes.dp_cpu_group`)."""
-    import torch.distributed as dist
-
-    if dist.is_initialized() and dist.get_world_size(dp_cpu_group) > 1:
-        parts: list[dict | None] = [None] * dist.get_world_size(dp_cpu_group)
-        dist.all_gather_object(parts, local, group=dp_cpu_group)
-        return {k: v for p in parts for k, v in (p or {}).items()}
-    return local
+    return {k: v for p in gather_parts(local, dp_cpu_group) for k, v in (p or {}).items()}
 
 
 def advantages_with_kl(

@@ -11,7 +11,9 @@ from megatron_rl.loop.placement import separated
 def _feed(monkeypatch, steps, sent):
     monkeypatch.setattr(separated.dist, "broadcast_object_list", lambda box, src, group: None)
     monkeypatch.setattr(separated, "control", lambda procs, word: sent.append(word))
-    cfg = NS(steps=steps, rollout=NS(max_staleness=1, partial=False))
+    cfg = NS(
+        steps=steps, rollout=NS(max_staleness=1, partial=False, env=""), algorithm=NS(dynamic_sampling=False)
+    )
     run = NS(recipe=cfg, staleness=1, spec=None, layout=NS(tp=1))
     task = NS(state=lambda: {"drawn": 0})
     return separated.SeparatedFeed(run, NS(job_cpu_group=None), NS(), None, task, None, 0)
@@ -37,7 +39,7 @@ def test_saved_task_state_never_moves_with_the_live_task(monkeypatch):
     monkeypatch.setattr(
         separated,
         "collect_batch",
-        lambda *a, **k: (live["order"].pop(), NS(generation_s=0.0, scoring_tail_s=0.0, mem_gib={}), 0),
+        lambda *a, **k: (live["order"].pop(), NS(generation_s=0.0, scoring_tail_s=0.0, mem_gib={}), 0, None),
     )
     f._receive(1)
     assert live["order"] == [3, 1]
