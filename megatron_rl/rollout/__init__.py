@@ -2,6 +2,7 @@
 
     types.py          Sample, SamplingSettings, the Engine protocol
     vllm_engine.py    VLLMEngine: colocated vLLM (official GPU build, pinned CPU build), streaming
+    engine_weights.py how a live engine takes a publication: one reload call, in place on GPU, restore
     stream.py         the samples of one generate call as they finish
     scoring.py        the engine's own log-probs of given sequences (a prefill: the publication probe)
     sink.py           VLLMEngineSink: the reshard publisher's stage/activate (and roll-back) on a live engine

@@ -13,17 +13,15 @@ and is yielded at once; per-request seeds make samples reproducible and identica
 of an engine. Seeds mix (engine seed, engine index, call, prompt, sample), so engines differ.
 
 Weights: an engine started from a directory that holds only config.json (`load_format="dummy"`) has
-no policy until the first `update_weights`; generation refuses to run before it. `update_weights`
-reloads the whole publication in place, in one call with its fused groups whole, and then resets the
-prefix cache, without which a prompt longer than one KV block keeps reusing KV computed with the old
-weights.
+no policy until the first `update_weights`; generation refuses to run before it. How a publication
+lands (one reload call, or an in-place write on GPU, then a prefix-cache reset) is rollout/engine_weights.py.
 
 Sleep: the GPU build frees memory (level 1 offloads weights to host, level 2 discards them; the KV
 cache is dropped at both; the level follows the publication's delivery, rollout/delivery.py);
 wake_up brings back "weights" then "kv_cache", so a publication can land between the two without
 the KV cache occupying memory. After a level-2 sleep the engine serves nothing until a publication
 lands (`holds_weights` is False; loop/placement/publication.py), and that publication must write every
-parameter (`uncovered_params`). The CPU build has no sleep mode: `sleep()`
+parameter (engine_weights.py `uncovered_params`). The CPU build has no sleep mode: `sleep()`
 logs that and returns False; nothing is freed there and nothing pretends to be.
 
 Process side effects (global RNG, thread count, NUMA, shm names): see rollout/process.py.
@@ -35,7 +33,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -43,12 +41,11 @@ import torch
 from megatron_rl.models.dtypes import hf_dtype_name
 from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 from megatron_rl.rollout.engine_rules import engine_problems
-from megatron_rl.rollout.moe_reload import repack_if_left_raw
+from megatron_rl.rollout.engine_weights import EngineWeights
 from megatron_rl.rollout.process import make_shm_names_job_unique, prepare_env, preserved_rng
 from megatron_rl.rollout.routes import EngineRoutes
 from megatron_rl.rollout.stream import Stream, append_delta, extended, to_sample
 from megatron_rl.rollout.types import LOGPROBS_MODES, Partial, Sample, SamplingSettings
-from megatron_rl.rollout.weights import covered, fused_group_key, group_fused, target_of
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +88,7 @@ def _max_model_len(model_dir: Path, requested: int | None) -> int:
     return int(cfg["max_position_embeddings"])
 
 
-class VLLMEngine:
+class VLLMEngine(EngineWeights):
     """A rollout engine (rollout.types.Engine) backed by vLLM, living inside the trainer's process."""
 
     def __init__(
@@ -447,106 +444,6 @@ class VLLMEngine:
         out = list(self.generate_stream(prompts, n, sampling))
         return sorted(out, key=lambda x: (x.prompt_index, x.sample_index))
 
-    # ---- weights ----------------------------------------------------------------------------
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Reload full HF-named tensors in place (whole fused groups per call), reset the prefix cache."""
-        self._check_newer(version, "update_weights()")
-        self._reload(named_tensors, version)
-
-    def update_weights_inplace(
-        self, named_params: Iterable[tuple[str, torch.Tensor]], version: int, keep_previous: bool = False
-    ) -> None:
-        """GPU: copy tensors already in vLLM's layout (vLLM names, this rank's TP slice) into the live
-        parameters, keeping their storage (captured CUDA graphs stay valid); then reset the prefix cache.
-        `keep_previous`: swap instead of copy, so the tensors passed in hold the version served before
-        (a refused probe restores it: `restore_weights(..., inplace=True)`).
-
-        Not on the CPU build: there the linear weights are repacked into oneDNN handles after loading
-        (their Parameters have size 0), so only `update_weights` (a reload) reaches them.
-        """
-        if not self.on_gpu:
-            raise RuntimeError(
-                "in-place delivery writes vLLM's parameters directly, which the CPU build repacks; publish with "
-                "delivery='loader' on CPU"
-            )
-        self._check_newer(version, "update_weights_inplace()")
-        self._write_inplace(list(named_params), version, keep_previous)
-
-    def restore_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, inplace: bool = False
-    ) -> None:
-        """Serve an earlier version again: its tensors, as `update_weights` (or, `inplace`, as
-        `update_weights_inplace`) takes them. The publication after it was refused (loop/placement/probe.py)."""
-        if self._streaming:
-            raise RuntimeError("restore_weights() while a generation stream is open")
-        if inplace:
-            self._write_inplace(list(named_tensors), version, False)
-        else:
-            self._reload(named_tensors, version)
-
-    def discard_weights(self) -> None:
-        """The weights served are not a policy (a refused probe with no earlier version to go back to):
-        generation refuses to run until a publication activates."""
-        self._weights_valid = False
-
-    def _check_newer(self, version: int, what: str) -> None:
-        if self._streaming:
-            raise RuntimeError(f"{what} while a generation stream is open would change weights mid-sample")
-        if version <= self.version:
-            raise ValueError(f"version {version} is not newer than the active version {self.version}")
-
-    def _reload(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        groups = group_fused(named_tensors, self.num_experts)
-        if not groups:
-            raise ValueError(f"publication of version {version} holds no tensors")
-        # One reload call for the whole publication, its fused groups whole and one after another: vLLM sets
-        # up a layerwise reload over the entire model on every call and, finishing it, puts the old kernel
-        # tensors back on every layer the call did not write ("Failed to load weights", once per layer), so
-        # a call per group repeated that set-up and that warning for every layer, group after group.
-        self.llm.collective_rpc(
-            "reload_weights",
-            kwargs=dict(weights_iterator=(t for group in groups for t in group), is_checkpoint_format=True),
-        )
-        self.reload_calls += 1
-        if self.num_experts and not self.on_gpu:
-            for group in groups:
-                if fused_group_key(group[0][0]).endswith(".mlp.experts"):
-                    # rollout/moe_reload.py: vLLM's CPU reload leaves the experts unpacked
-                    self.experts_repacked += repack_if_left_raw(self.model, group)
-        self._reset_prefix_cache()
-        self.version = version
-        self._weights_valid = True
-
-    def _write_inplace(self, incoming: list[tuple[str, torch.Tensor]], version: int, swap: bool) -> None:
-        params = dict(self.model.named_parameters())
-        if not self._weights_valid:  # discarded (level-2 sleep) or dummy: what is not written is garbage
-            missing = uncovered_params(params, (name for name, _ in incoming))
-            if missing:
-                raise RuntimeError(
-                    f"refusing to activate version {version}: the engine's weights were discarded (level-2 "
-                    f"sleep or dummy init) and the publication does not write {len(missing)} of its "
-                    f"parameters, which would serve reallocated garbage: {missing[:8]}; the reshard plan must "
-                    "cover every vLLM parameter (or sleep at rollout.sleep_level=1)"
-                )
-        targets = [target_of(params, name) for name, _ in incoming]  # check everything before writing
-        for (name, t), dst in zip(incoming, targets):
-            if tuple(dst.shape) != tuple(t.shape):
-                raise ValueError(f"{name}: got shape {list(t.shape)}, the engine holds {list(dst.shape)}")
-        with torch.no_grad():
-            for (_, t), dst in zip(incoming, targets):
-                if swap:
-                    swap_into(dst, t)
-                else:
-                    dst.copy_(t, non_blocking=True)
-        torch.cuda.synchronize()
-        self._reset_prefix_cache()
-        self.version = version
-        self._weights_valid = True
-
-    def _reset_prefix_cache(self) -> None:
-        if not self.llm.reset_prefix_cache():
-            raise RuntimeError("vLLM refused to reset its prefix cache (requests still running?)")
-
     # ---- time-sharing -----------------------------------------------------------------------
     def sleep(self) -> bool:
         """Free the engine's memory for training (GPU); on the CPU build, log that nothing is freed."""
@@ -592,18 +489,3 @@ class VLLMEngine:
     def model(self):
         """The live nn.Module (in-process engines only): for checks, not for writing weights on CPU."""
         return self._engine.model_executor.driver_worker.worker.model_runner.model
-
-
-def uncovered_params(params: Mapping[str, torch.Tensor], incoming: Iterable[str]) -> list[str]:
-    """The engine parameters (`model.named_parameters()`) that a publication of `incoming` names leaves
-    unwritten, sorted. In-place delivery copies only what arrives: after a level-2 sleep every one of
-    these holds whatever the reallocated memory held."""
-    return sorted(set(params) - covered(dict(params), incoming))
-
-
-def swap_into(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """`dst` takes `src`'s values and `src` takes `dst`'s (one temporary copy of the smaller tensor at a
-    time): in-place activation that keeps the version served before in the staging buffer."""
-    previous = dst.detach().clone()
-    dst.copy_(src)
-    src.copy_(previous)

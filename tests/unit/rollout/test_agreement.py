@@ -64,11 +64,11 @@ def test_worst_takes_every_engines_largest_figures():
 
 
 def test_an_inplace_swap_keeps_what_served_before():
-    """rollout/vllm_engine.py `swap_into`: the live tensor takes the staged values and the staging buffer
+    """rollout/engine_weights.py `swap_into`: the live tensor takes the staged values and the staging buffer
     keeps the previous ones (a refused probe restores them), across dtypes as a bf16 engine needs."""
     import torch
 
-    from megatron_rl.rollout.vllm_engine import swap_into
+    from megatron_rl.rollout.engine_weights import swap_into
 
     live = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
     staged = torch.full((2, 3), 7.5, dtype=torch.float32)

@@ -4,7 +4,7 @@ refused (VLLMEngine.update_weights_inplace uses `uncovered_params`)."""
 import torch
 from torch import nn
 
-from megatron_rl.rollout.vllm_engine import uncovered_params
+from megatron_rl.rollout.engine_weights import uncovered_params
 
 
 class TinyDecoder(nn.Module):  # stands in for vLLM's model: its named_parameters(), tied head included
