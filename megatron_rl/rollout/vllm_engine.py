@@ -24,7 +24,8 @@ lands (`holds_weights` is False; loop/placement/publication.py), and that public
 parameter (engine_weights.py `uncovered_params`). The CPU build has no sleep mode: `sleep()`
 logs that and returns False; nothing is freed there and nothing pretends to be.
 
-Process side effects (global RNG, thread count, NUMA, shm names): see rollout/process.py.
+Process side effects (global RNG, thread count, NUMA, shm names, the first log-prob's compile): see
+rollout/process.py.
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ from megatron_rl.models.dtypes import hf_dtype_name
 from megatron_rl.rollout.delivery import delivery_for, sleep_level_for
 from megatron_rl.rollout.engine_rules import engine_problems
 from megatron_rl.rollout.engine_weights import EngineWeights
-from megatron_rl.rollout.process import make_shm_names_job_unique, prepare_env, preserved_rng
+from megatron_rl.rollout.process import (
+    eager_logprob_ranks,
+    freeze_heap,
+    make_shm_names_job_unique,
+    prepare_env,
+    preserved_rng,
+)
 from megatron_rl.rollout.routes import EngineRoutes
 from megatron_rl.rollout.stream import Stream, append_delta, extended, to_sample
 from megatron_rl.rollout.types import LOGPROBS_MODES, Partial, Sample, SamplingSettings
@@ -182,6 +189,7 @@ class VLLMEngine(EngineWeights):
         else:
             if kwargs.get("distributed_executor_backend"):
                 make_shm_names_job_unique()
+            eager_logprob_ranks()  # no C++ compile inside the first request (rollout/process.py)
             if cfg.kv_cache_bytes > 0:
                 kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
             # The CPU build cannot rewind a seeded request's generator (a CPU torch.Generator has no
@@ -203,6 +211,7 @@ class VLLMEngine(EngineWeights):
             ) from e
 
         started = time.perf_counter()
+        freeze_heap()  # vLLM's loader collects garbage over the whole heap twice otherwise (process.py)
         # The engine itself, not the `LLM` wrapper: `LLM.__init__` warms up chat-template rendering, which
         # needs a tokenizer and fails (with a logged traceback) under skip_tokenizer_init; prompts here are
         # token ids and never use a chat template. The engine has the same sleep, wake_up,

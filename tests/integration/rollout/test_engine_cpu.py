@@ -76,6 +76,13 @@ def test_open_stream_guards_and_early_close(r):
     assert r["after_close_unfinished"] == 0
 
 
+def test_log_probs_compile_nothing_on_cpu(r):
+    # vLLM's sampler compiled its rank count with inductor at the first log-prob request: 18 s of C++
+    # compiling on a fresh machine, inside the first probe (rollout/process.py eager_logprob_ranks)
+    assert r["eager_ranks"] and r["prompt_logprobs"] == 4
+    assert r["compiled_graphs"] == 0
+
+
 def test_generation_leaves_the_trainer_rng_alone(r):
     assert r["rng_preserved"]
 

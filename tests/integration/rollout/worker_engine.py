@@ -244,6 +244,16 @@ def main():
     eng.generate(bench, 4, SamplingSettings(max_new_tokens=32))
     eng.generate(bench, 4, SamplingSettings(max_new_tokens=32))
     r["bench"] = eng.last_stream
+
+    # Every request above asked for log-probs (sampled and, here, prompt ones): none compiled a kernel
+    from vllm.v1.sample import sampler
+
+    from megatron_rl.rollout.process import count_at_least
+    from megatron_rl.rollout.scoring import prompt_logprobs
+
+    r["prompt_logprobs"] = len(prompt_logprobs(eng, [[1, 2, 3, 4, 5]])[0])
+    r["compiled_graphs"] = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    r["eager_ranks"] = sampler.batched_count_greater_than is count_at_least
     with open(OUT, "w") as f:
         json.dump(r, f, indent=1)
 

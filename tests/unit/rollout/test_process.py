@@ -5,7 +5,7 @@ import random
 import numpy as np
 import torch
 
-from megatron_rl.rollout.process import preserved_rng
+from megatron_rl.rollout.process import count_at_least, preserved_rng
 from megatron_rl.rollout.vllm_engine import request_seed
 
 
@@ -40,3 +40,9 @@ def test_request_seeds_are_stable_and_distinct():
     }
     assert len(seeds) == 2 * 2 * 2 * 3 * 4
     assert all(0 <= x < 2**63 for x in seeds)
+
+
+def test_count_at_least_is_the_tokens_rank_ties_included():
+    x = torch.tensor([[0.1, 0.5, 0.5, 0.2], [-1.0, -2.0, -3.0, -0.5]])
+    values = torch.tensor([[0.5], [-3.0]])
+    assert count_at_least(x, values).tolist() == [2, 4]  # what vLLM's compiled count returns (x >= v)
