@@ -35,6 +35,7 @@ import torch
 
 from megatron_rl.algorithms import old_policy
 from megatron_rl.check.recipe import validate_recipe
+from megatron_rl.check.seal import sealed
 from megatron_rl.checkpoint.preempt import EXIT_REQUEUE, Preemption
 from megatron_rl.config.load import load_recipe
 from megatron_rl.loop.placement import engine_pool
@@ -71,15 +72,18 @@ from megatron_rl.trainer.replay import routes_of
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     # `validate`'s check, before anything; it resolves the recipe once into what every part reads
-    # (the layout, the model's spec, the sampling with its end ids...: run/resolve.py)
-    run = validate_recipe(load_recipe(args.recipe, args.overrides))
+    # (the layout, the model's spec, the sampling with its end ids...: run/resolve.py). The problem set,
+    # read through the tokenizer, it reads only where the launcher did not (the launcher's seal: check/seal.py)
+    recipe = load_recipe(args.recipe, args.overrides)
+    run = validate_recipe(recipe, read_data=not sealed(recipe))
     require_device(run.recipe.cluster)  # a GPU cluster where CUDA is unavailable: one line and exit 2
     cfg, algo, ro = run.recipe, run.recipe.algorithm, run.recipe.rollout
     seed_everything(cfg.seed)
     procs, log = start_run(run)  # the process groups; the run's records, console and sinks
+    problems = components.read_problems(run, procs)  # read by job rank 0, shared with every rank
 
     if not procs.is_trainer:  # an engine rank of a separated job (loop/placement/pools.py)
-        return engine_pool.serve(run, procs, log)
+        return engine_pool.serve(run, procs, log, problems)
 
     # ---- setup: trainer, reference, engines, reward pool, publisher, checkpoints ----
     with log.phase("init"):
@@ -90,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         critic = build_critic(run, procs.state, policy) if algo.name == "ppo" else None
         reward_model = build_reward_model(run, procs.state) if run.reward_spec is not None else None
         # Colocated: this rank's engine and reward pool, time-sharing the device with the trainer
-        side = components.build_colocated(run, procs, log, policy, reference, critic)
+        side = components.build_colocated(run, procs, log, policy, reference, critic, problems)
         engine = side.engine if side is not None else None
-        task = components.build_task(run)
+        task = components.build_task(run, problems)
         publisher = components.build_publisher(run, procs, engine)
         refusals = components.build_refusals(run, publisher)  # what a refused or disagreeing version does
         prober = components.build_prober(run, procs, log.timer, policy=policy, engine=engine)

@@ -177,11 +177,12 @@ def notes(problems: list[Problem], purpose: str, blocked: list[Problem] = ()) ->
     return out
 
 
-def validate_recipe(cfg: RecipeConfig, purpose: str = "run") -> Run:
+def validate_recipe(cfg: RecipeConfig, purpose: str = "run", read_data: bool = True) -> Run:
     """Raise ConfigError listing every problem `purpose` refuses; return the resolved run when none: what
     every consumer reads (run/resolve.py), so none of them decides the layout, the model or the
-    sampling again."""
-    problems, run = checked(cfg)
+    sampling again. `read_data=False` skips reading the problem set (a rank whose launcher did, with
+    the same files: check/seal.py)."""
+    problems, run = checked(cfg, read_data)
     problems = refused(problems, purpose)
     if problems:
         raise ConfigError(problems, getattr(cfg, "name", ""))

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from megatron_rl.check.recipe import ConfigError, validate_recipe
+from megatron_rl.check.seal import SEAL_ENV, seal
 from megatron_rl.cli.launch_torchrun import LOG_ENV
 from megatron_rl.config.load import RecipeError, RecipeNotFound, load_recipe
 from megatron_rl.system.device import refusal_for
@@ -105,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     # launch_torchrun shows the failed rank's last lines from here (errors from C code or a rank killed
     # by a signal never pass through our handlers).
     env[LOG_ENV] = str(Path(recipe.logger.run_dir) / env["MEGATRON_RL_RUN_NAME"] / "log.txt")
+    # The ranks check the recipe again but trust this check's read of the problem set (check/seal.py)
+    env[SEAL_ENV] = seal(recipe)
     return subprocess.call(cmd, env=env)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from megatron_rl.check.recipe import blocking, check_recipe, notes
+from megatron_rl.check.seal import SEAL_ENV, seal
 from megatron_rl.config.load import REPO_ROOT, RecipeNotFound, load_recipe
 from megatron_rl.config.schema import RecipeConfig
 from megatron_rl.loop.record.names import ENV as NAME_ENV
@@ -180,7 +181,10 @@ def main(argv: list[str]) -> int:
         )
         return 2
     os.makedirs(args.log_dir, exist_ok=True)  # Slurm cannot open a log in a missing folder
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ)
+    if not problems:  # checked in full here, the problem set included: the ranks trust it (check/seal.py)
+        env[SEAL_ENV] = seal(recipe)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     sys.stderr.write(done.stderr)
     if done.returncode != 0:
         print(f"error: sbatch failed with exit code {done.returncode}", file=sys.stderr)

@@ -47,9 +47,10 @@ class ProblemTask:
         self.drawn = 0
 
     @classmethod
-    def from_config(cls, cfg, tokenizer=None) -> ProblemTask:
-        """The recipe's problems with the model's tokenizer (loaded from model.hf_checkpoint unless given;
-        the recipe check refuses a problem source without one)."""
+    def from_config(cls, cfg, tokenizer=None, problems: list[Problem] | None = None) -> ProblemTask:
+        """The recipe's problems (read from data.source unless given: a run's ranks get them from job
+        rank 0, loop/step/components.py `read_problems`) with the model's tokenizer (loaded from
+        model.hf_checkpoint unless given; the recipe check refuses a problem source without one)."""
         if tokenizer is None and not cfg.model.hf_checkpoint:
             raise SystemExit(
                 f"data.source={cfg.data.source!r} needs the model's tokenizer: set model.hf_checkpoint to an "
@@ -60,7 +61,8 @@ class ProblemTask:
 
             tokenizer = AutoTokenizer.from_pretrained(cfg.model.hf_checkpoint)
         d = cfg.data
-        problems = load_problems(d.source, d.columns)
+        if problems is None:
+            problems = load_problems(d.source, d.columns)
         return cls(problems, tokenizer, d.seed, d.max_prompt_tokens, d.shuffle, d.system_prompt)
 
     def _next_index(self) -> int:

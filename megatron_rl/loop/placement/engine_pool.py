@@ -32,14 +32,14 @@ from megatron_rl.parallel import schedule
 log = logging.getLogger(__name__)
 
 
-def serve(run, procs, records) -> int:
+def serve(run, procs, records, problems=None) -> int:
     """An engine rank's whole run (`run`: the resolved run, run/resolve.py; `records`: the run's records,
-    loop/record/records.py)."""
+    loop/record/records.py; `problems`: the problem set job rank 0 shared, components.read_problems)."""
     cfg = run.recipe
     with records.phase("init"):
         engine = components.build_engine(run, procs, records.dir)
         engine_index, is_leader = components.engine_role(procs)
-        task = components.build_task(run)
+        task = components.build_task(run, problems)
         pool = components.build_reward_pool(run, is_leader, task)
         publisher = components.build_publisher(run, procs, engine)
         refusals = components.build_refusals(run, publisher)

@@ -65,8 +65,35 @@ def engine_role(procs: Processes) -> tuple[int, bool]:
     return coord.engine, coord.is_leader
 
 
-def build_task(run: Run):
-    """Prompts and their reward problems."""
+def read_problems(run: Run, procs: Processes) -> list | None:
+    """The problem set, read once for the job: job rank 0 reads data.source and sends it to every rank
+    (None for the synthetic task, which reads nothing), so a thousand ranks do not read the same files
+    at once. Collective over the job: every rank calls it at the same point. A read that fails on rank 0
+    fails on every rank with rank 0's message, so none waits for data that is not coming."""
+    if run.recipe.data.source == "synthetic":
+        return None
+    import torch.distributed as dist
+
+    box: list = [None]
+    error = None
+    if procs.rank == 0:
+        from megatron_rl.data.problems import load_problems
+
+        d = run.recipe.data
+        try:
+            box = [load_problems(d.source, d.columns)]
+        except (ValueError, OSError) as e:
+            error, box = e, [f"{type(e).__name__}: {e}"]
+    dist.broadcast_object_list(box, src=0, group=procs.job_cpu_group)
+    if error is not None:
+        raise error
+    if isinstance(box[0], str):
+        raise RuntimeError(f"data.source={run.recipe.data.source!r}: job rank 0 could not read it: {box[0]}")
+    return box[0]
+
+
+def build_task(run: Run, problems: list | None = None):
+    """Prompts and their reward problems (`problems`: the set `read_problems` shared; read here if None)."""
     cfg = run.recipe
     if cfg.data.source == "synthetic":
         from megatron_rl.data.synthetic import ArithmeticTask
@@ -80,7 +107,7 @@ def build_task(run: Run):
         )
     from megatron_rl.data.task import ProblemTask
 
-    return ProblemTask.from_config(cfg)
+    return ProblemTask.from_config(cfg, problems=problems)
 
 
 def build_reward_pool(run: Run, is_leader: bool, task=None):
@@ -196,10 +223,13 @@ def build_prober(run: Run, procs: Processes, timer, policy=None, engine=None):
     )
 
 
-def build_colocated(run: Run, procs: Processes, log_: RunLog, policy, reference, critic=None):
+def build_colocated(
+    run: Run, procs: Processes, log_: RunLog, policy, reference, critic=None, problems: list | None = None
+):
     """This rank's engine side when colocated (loop/placement/colocated.py): the engine, built with the
     trainer (and PPO's critic) aside and asleep before they come back, its place among the engines, and its
-    share of the reward pool. None when separated (the trainer ranks hold no engine)."""
+    share of the reward pool. None when separated (the trainer ranks hold no engine). `problems`: the
+    shared problem set (`read_problems`), which a multi-turn environment reads."""
     if not run.layout.colocated:
         return None
     from functools import partial
@@ -219,7 +249,7 @@ def build_colocated(run: Run, procs: Processes, log_: RunLog, policy, reference,
     )
     index, leader = engine_role(procs)
     # with rollout.env, the engine leader's own task: its environment reads problems and the tokenizer
-    task = build_task(run) if leader and run.recipe.rollout.env else None
+    task = build_task(run, problems) if leader and run.recipe.rollout.env else None
     return EngineSide(timeshare, timeshare.engine, index, leader, build_reward_pool(run, leader, task))
 
 

@@ -361,3 +361,19 @@ def test_reward_model_without_score_refused(run):
     assert r["error"] is not None, "a reward checkpoint without its score head was accepted"
     assert SCORE in r["error"] and "missing" in r["error"], r["error"]
     assert r["unchanged"], "the model was half-loaded"
+
+
+def test_job_rank_0_reads_the_problem_set_and_every_rank_gets_it(run):
+    """Start-up: one read of data.source per job, not per rank (loop/step/components.py read_problems)."""
+    from megatron_rl.data.problems import load_problems
+
+    out, _, _ = run
+    every = json.loads((out / "shared_problems.json").read_text())
+    want = [p.id for p in load_problems("bundled")]
+    assert len(every) == 4 and len(want) > 10
+    # ranks 1-3 would have raised had they read the files themselves
+    assert all(r["bundled"] == {"ids": want, "types": ["Problem"]} for r in every), every
+    missing = [r["missing"]["error"] for r in every]
+    assert "no_such_problems.jsonl" in missing[0] and "job rank 0" not in missing[0]
+    assert all(m.startswith("RuntimeError:") and "job rank 0 could not read it" in m for m in missing[1:])
+    assert all("no_such_problems.jsonl" in m for m in missing[1:])

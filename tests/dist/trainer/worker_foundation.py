@@ -6,7 +6,8 @@ For each (family, TP, PP) case: build the trainer from the HF checkpoint CKPT_RO
 compute teacher-forced log-probs; then one optimizer step at TP2 (DP2) and TP2xPP2 (DP1); then try
 malformed checkpoints. Then the same for value models (trainer/value.py) from the reward checkpoints
 CKPT_ROOT/reward_<spec name>: scores and per-token values, one optimizer step, a reward checkpoint without
-its score head. Rank 0 (and stage leaders) write results into OUT_DIR for the test to check.
+its score head. Last, the problem set read by job rank 0 and shared (components.read_problems). Rank 0
+(and stage leaders) write results into OUT_DIR for the test to check.
 """
 
 import json
@@ -121,7 +122,39 @@ def main() -> None:
     if rank == 0:
         (OUT / "malformed.json").write_text(json.dumps(results, indent=1))
     value_models(rank)
+    shared_problems(rank)
     dist.barrier()
+
+
+def shared_problems(rank: int) -> None:
+    """components.read_problems over the job's gloo group: job rank 0 reads the problem set, the others
+    receive it without reading (their reader raises if called); a source rank 0 cannot read fails on
+    every rank, none waiting."""
+    from types import SimpleNamespace
+
+    from megatron_rl.data import problems as data_problems
+    from megatron_rl.loop.step import components
+
+    group = dist.new_group(backend="gloo")
+    procs = SimpleNamespace(rank=rank, job_cpu_group=group)
+    if rank != 0:
+
+        def refuse(*_a, **_k):
+            raise AssertionError(f"rank {rank} read the problem set itself")
+
+        data_problems.load_problems = refuse
+    out = {}
+    for name, source in (("bundled", "bundled"), ("missing", str(OUT / "no_such_problems.jsonl"))):
+        run = SimpleNamespace(recipe=SimpleNamespace(data=SimpleNamespace(source=source, columns=None)))
+        try:
+            got = components.read_problems(run, procs)
+            out[name] = {"ids": [p.id for p in got], "types": sorted({type(p).__name__ for p in got})}
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, out, group=group)
+    if rank == 0:
+        (OUT / "shared_problems.json").write_text(json.dumps(every, indent=1))
 
 
 def torch_norms_with_sequence_parallelism() -> None:
