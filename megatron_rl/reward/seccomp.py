@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import platform
+import os
 import struct
 from typing import Any
 
@@ -122,7 +122,7 @@ _TABLES = {
 
 def program(machine: str | None = None) -> list[tuple[int, int, int, int]] | None:
     """The BPF program as (code, jt, jf, k) tuples for this machine, or None where there is no table."""
-    table = _TABLES.get(machine or platform.machine())
+    table = _TABLES.get(machine or os.uname().machine)
     if table is None:
         return None
     arch, clone, clone3, numbers = table

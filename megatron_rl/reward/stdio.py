@@ -28,7 +28,6 @@ import os
 import select
 import signal
 import sys
-import traceback
 from types import CodeType
 from typing import Any
 
@@ -159,10 +158,15 @@ def _program_main(code: CodeType) -> None:
         status = _MEMORY_EXIT
     except BaseException as e:
         try:
+            import traceback  # here, not in the zygote, whose every job would map it (harness._trim)
+
             tb = e.__traceback__.tb_next if e.__traceback__ else None  # from the program's frames on
             traceback.print_exception(type(e), e, tb, limit=-3, file=sys.stderr)
         except BaseException:
-            pass
+            try:
+                print(f"{type(e).__name__}: {e}", file=sys.stderr)
+            except BaseException:
+                pass
         status = 1
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -70,8 +70,8 @@ import ast
 import base64
 import marshal
 import sys
-from dataclasses import dataclass
 from types import CodeType
+from typing import NamedTuple
 
 from megatron_rl.reward.assertsites import Reach, Sites, preorder
 from megatron_rl.reward.proof import UNIT
@@ -96,8 +96,7 @@ _CASE_BASES = {"TestCase", "IsolatedAsyncioTestCase"}
 _FLAGS = {"dont_inherit": True, "optimize": 0}  # this module's own __future__ flags, or -O, must not leak
 
 
-@dataclass
-class Step:
+class Step(NamedTuple):
     """What the runner execs, in order: set-up, one unit, or the call of a split check (kind "check")."""
 
     code: CodeType
@@ -107,16 +106,14 @@ class Step:
     line: int
 
 
-@dataclass
-class Unit:
+class Unit(NamedTuple):
     label: str
     line: int
     lexical: frozenset[int]  # sites that must each start during the unit
     attributed: frozenset[int]  # sites it reaches by name: each must start at least once in the run
 
 
-@dataclass
-class TestPlan:
+class TestPlan(NamedTuple):
     __test__ = False  # not a pytest class, despite the name
     steps: list[Step]
     units: list[Unit]

@@ -31,8 +31,7 @@ import importlib
 import sys
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from megatron_rl.reward import proof, wire
 from megatron_rl.reward.testplan import RUN_CASE, RUN_TEST, Step, TestPlan, TestShapeError, Unit, plan_tests
@@ -353,8 +352,7 @@ def _run_case(cls: type, method: str) -> None:
         raise AssertionError(f"{cls.__name__}.{method}: {detail}")
 
 
-@dataclass
-class RunOutcome:
+class RunOutcome(NamedTuple):
     passed: int
     total: int
     failures: list[str]
