@@ -4,10 +4,11 @@
 - `extract`: the program to run from a completion (fenced blocks, the bare continuation of a prompt).
 - `pool.RewardPool`: the streaming API the training loop uses (submit as samples finish, collect as
   results finish), with one warm sandbox per worker.
-- `sandbox`: the bubblewrap sandbox on the host side, with `memcg` (its memory cgroup); `harness`,
-  `channel`, `testrunner`, `seccomp`, `wire`: the runtime inside it. The trust model (why a program
-  cannot forge its own test results, reach the network or the host's files, or outlive its job) is
-  documented at the top of `harness.py`.
+- `sandbox`: the bubblewrap sandbox on the host side, with `memcg` (its memory cgroup); `harness`
+  (the zygote, the job process and the test runner), `solution` (the solution process), `jobproc` (each
+  process's namespaces, capabilities and limits), `channel`, `stdio`, `testrunner`, `seccomp`, `wire`:
+  the runtime inside it. The trust model (why a program cannot forge its own test results, reach the
+  network or the host's files, or outlive its job) is documented at the top of `harness.py`.
 - `testplan`: how a problem's tests become pass/fail units, how their names resolve, and which shapes
   are refused at load (`testshape`); `assertsites` numbers and instruments their assertions, and
   `proof` is what a unit must prove in the runner to pass (grading fails closed).

@@ -1,7 +1,9 @@
 """The runtime inside one warm sandbox: a pristine zygote, and per job a test runner and a solution process.
 
 Standard library only. `sandbox.py` starts it under bubblewrap as `python -I -S -c <bootstrap>` with
-this module, `wire` and `testrunner` passed in as source: nothing of the project is on disk there.
+this module and the rest of the runtime passed in as source: nothing of the project is on disk there.
+Here: Z, C and T. The solution process U is `solution.py`; what each process sets up for itself
+(namespaces, capabilities, rlimits, descriptors) is `jobproc.py`.
 
 Trust model
 -----------
@@ -58,281 +60,21 @@ files, network and processes: it exists for machines without user namespaces, an
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import os
-import resource
 import signal
 import socket
 import sys
 import time
-import types
-from typing import Any
 
-from megatron_rl.reward import seccomp, stdio, testplan, testrunner, wire
+from megatron_rl.reward import jobproc, seccomp, solution, stdio, testplan, testrunner, wire
 from megatron_rl.reward.channel import Channel
 
-_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID = 0x20000, 0x8000000, 0x10000000, 0x20000000
-_CLONE_NEWNET = 0x40000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
-_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP = 1, 4, 24
-_PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 36, 38, 47
-_INNER_ID = 1000  # the uid/gid a job sees itself as
 _PRELOAD = (
     "array bisect collections copy decimal enum fcntl fractions functools heapq itertools json math numbers "
     "operator random re string typing"
 ).split()
-_libc: Any = None
-
-
-def _c() -> Any:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
-
-
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def drop_capabilities() -> None:
-    """Drop every capability (bounding, ambient, effective, permitted, inheritable) of this process."""
-    libc = _c()
-    for cap in range(64):
-        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            break  # EINVAL past the last capability the kernel knows; EPERM when none are held
-    libc.prctl(_PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
-    data = (ctypes.c_uint32 * 6)()
-    _check(libc.capset(header, data), "capset")
-
-
-def _enter_job_namespaces(tmp_mb: int) -> None:
-    """New user, mount, PID, IPC and network namespaces for one job, with fresh size-capped tmpfs mounts.
-
-    The network namespace is new per job, not the sandbox's: otherwise one job's sockets (TIME_WAIT
-    entries in /proc/net/tcp, abstract unix sockets) would be a channel to the next job's program.
-    """
-    libc = _c()
-    uid, gid = os.getuid(), os.getgid()
-    libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # /proc/self/*_map is writable only while dumpable
-    flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWNET
-    _check(libc.unshare(flags), "unshare")
-    for name, text in (
-        ("setgroups", "deny"),
-        ("uid_map", f"{_INNER_ID} {uid} 1"),
-        ("gid_map", f"{_INNER_ID} {gid} 1"),
-    ):
-        with open(f"/proc/self/{name}", "w") as f:
-            f.write(text)
-    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)
-    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-    _check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", flags, f"size={tmp_mb}m,mode=1777".encode()), "mount /tmp")
-    if os.access("/dev/shm", os.W_OK):
-        _check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", flags, b"size=16m,mode=1777"), "mount /dev/shm")
-    _loopback_up()
-
-
-def _loopback_up() -> None:
-    """Bring up the new network namespace's own loopback (programs may talk to themselves on it)."""
-    import fcntl  # preloaded by the zygote
-    import struct
-
-    siocsifflags, iff_up_loopback_running = 0x8914, 0x1 | 0x8 | 0x40
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        fcntl.ioctl(s, siocsifflags, struct.pack("16sH14x", b"lo", iff_up_loopback_running))
-
-
-def _apply_limits(job: dict) -> None:
-    mib = 1 << 20
-    cpu = max(1, int(job["cpu_s"] + 0.999))
-    limits = {
-        resource.RLIMIT_CPU: (cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL one second later
-        resource.RLIMIT_AS: (job["memory_mb"] * mib,) * 2,
-        # C, T and U count against the limit too (one user namespace per job): add them.
-        resource.RLIMIT_NPROC: (job["max_processes"] + 3,) * 2,
-        resource.RLIMIT_FSIZE: (job["max_file_mb"] * mib,) * 2,
-        resource.RLIMIT_NOFILE: (job["max_open_files"],) * 2,
-        resource.RLIMIT_CORE: (0, 0),
-    }
-    for which, value in limits.items():
-        resource.setrlimit(which, value)
-
-
-def _close_all_but(keep: set[int]) -> None:
-    """Close every descriptor not in `keep` (close_range(2) under the hood: one syscall per gap)."""
-    low = 0
-    for fd in sorted(keep):
-        if low < fd:  # an empty range is not a no-op: CPython passes high - 1 to close_range(2)
-            os.closerange(low, fd)
-        low = fd + 1
-    high = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    high = high if 0 < high <= 1 << 20 else 1 << 20  # RLIM_INFINITY; fs.nr_open caps fds at 1M anyway
-    if low < high:
-        os.closerange(low, high)
-
-
-# ---- U: the solution process ----------------------------------------------------------------------
-
-
-def _solution_main(job: dict, sol_fd: int, req_r: int, resp_w: int, out_w: int) -> None:
-    """Load the solution and answer T's requests. Everything after `exec` is untrusted, and T knows it."""
-    devnull = os.open("/dev/null", os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.dup2(out_w, 1)
-    os.dup2(out_w, 2)
-    _close_all_but({0, 1, 2, sol_fd, req_r, resp_w})
-    os.environ.clear()  # bubblewrap started us with none; the interpreter's locale coercion added some
-    # A session of its own: `kill(0, sig)` then reaches only U's group, never the job process C or the
-    # zygote, which share U's uid outside the job's namespaces (and, unsafe, a group T can kill).
-    os.setsid()
-    msg = wire.read_frame(sol_fd)
-    os.close(sol_fd)
-    source = msg["code"] if isinstance(msg, dict) and isinstance(msg.get("code"), str) else ""
-    stdio_mode = isinstance(msg, dict) and msg.get("stdio") is True  # a program per stdin/stdout pair
-    wanted = msg.get("names") if isinstance(msg, dict) and isinstance(msg.get("names"), list) else []
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
-    _apply_limits(job)
-    gc.enable()  # the program's own reference cycles are collected, as in plain Python (C and T: off)
-    try:
-        seccomp.install()
-    except OSError as e:
-        wire.send_frame(resp_w, {"load": "error", "type": "SandboxError", "error": str(e)[:500]})
-        os._exit(0)
-    try:
-        # dont_inherit: this module's own `from __future__ import annotations` must not apply to the
-        # solution (an annotation naming nothing would then pass here and fail in plain Python).
-        code = compile(source, "<solution>", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as e:  # ValueError: NUL bytes in the source
-        wire.send_frame(resp_w, {"load": "syntax_error", "error": f"{type(e).__name__}: {e}"[:500]})
-        os._exit(0)
-    except BaseException as e:  # MemoryError/RecursionError from a pathological source
-        wire.send_frame(resp_w, {"load": "error", "type": type(e).__name__, "error": str(e)[:500]})
-        os._exit(0)
-    if stdio_mode:  # not run here: each pair runs it afresh, as __main__ (stdio.py)
-        wire.send_frame(resp_w, {"load": "ok", "names": [], "values": {}})
-        stdio.serve_programs(code, req_r, resp_w, job["output_limit"])
-    module: dict[str, Any] = {"__name__": "solution", "__builtins__": __builtins__}
-    try:
-        exec(code, module)
-    except BaseException as e:  # SystemExit too: exiting before the tests is a failure
-        _print_traceback(e)
-        wire.send_frame(resp_w, {"load": "error", "type": type(e).__name__, "error": str(e)[:500]})
-        os._exit(0)
-    # Only the entry point (and the problem's declared interface) is ever bound for the tests
-    # (testplan rule 6): nothing else is announced.
-    names = [n for n in wanted if isinstance(n, str) and n in module]
-    _flush()
-    wire.send_frame(resp_w, {"load": "ok", "names": names, "values": _plain_values(module, names)})
-    _serve(module, req_r, resp_w)
-
-
-def _plain_values(module: dict, names: list[str]) -> dict[str, Any]:
-    """Top-level data the tests may read directly (`ans = 42`), encoded; objects stay remote."""
-    values: dict[str, Any] = {}
-    budget = wire.MAX_FRAME // 2
-    for name in names:
-        value = module[name]
-        if callable(value) or isinstance(value, types.ModuleType):
-            continue
-        try:
-            encoded = wire.encode(value)
-            budget -= len(json.dumps(encoded))
-        except Exception:  # not plain data: tests reach it as a remote object
-            continue
-        if budget < 0:
-            break
-        values[name] = encoded
-    return values
-
-
-def _serve(module: dict, req_r: int, resp_w: int) -> None:
-    handles: dict[int, Any] = {}
-
-    def to_handle(value: Any) -> dict:
-        handles[len(handles) + 1] = value
-        try:  # its truth, as of now: a lie is no more than returning that bool (testrunner.RemoteObject)
-            truth = bool(value)
-        except BaseException:
-            truth = None
-        return {"$h": {"id": len(handles), "type": type(value).__name__[:60], "truth": truth}}
-
-    def resolve(ref: Any) -> Any:
-        if isinstance(ref, dict) and "h" in ref:
-            return handles[ref["h"]]
-        return module[ref["n"]]
-
-    while True:
-        req = wire.read_frame(req_r)
-        if req is None:
-            os._exit(0)
-        try:
-            op, target = req["op"], resolve(req["ref"])
-            if op == "call":
-                args = wire.decode(req["args"], resolve)
-                kwargs = wire.decode(req["kwargs"], resolve)
-                if testrunner.holds_mutable(args) or testrunner.holds_mutable(list(kwargs.values())):
-                    _serve_mutating_call(target, args, kwargs, to_handle, resp_w)
-                    continue
-                value = target(*args, **kwargs)
-            elif op == "get":
-                value = getattr(target, req["name"])
-            elif op == "getitem":
-                value = target[wire.decode(req["key"], resolve)]
-            elif op == "set":
-                setattr(target, req["name"], wire.decode(req["value"], resolve))
-                value = None
-            elif op == "len":
-                value = len(target)
-            else:  # "list"
-                value = [item for _, item in zip(range(100_001), target)]
-            reply = {"ok": wire.encode(value, to_handle)}
-        except BaseException as e:  # whatever the solution raised is the answer
-            _print_traceback(e)
-            reply = {"raise": [type(e).__name__, str(e)[:500]]}
-        _flush()
-        wire.send_frame(resp_w, reply)
-
-
-def _serve_mutating_call(target: Any, args: list, kwargs: dict, to_handle: Any, resp_w: int) -> None:
-    """A call whose arguments the solution may change: the reply says what they hold afterwards."""
-    try:
-        reply: dict[str, Any] = {"ok": wire.encode(target(*args, **kwargs), to_handle)}
-    except BaseException as e:
-        _print_traceback(e)
-        reply = {"raise": [type(e).__name__, str(e)[:500]]}
-    try:
-        reply["mutated"] = [wire.encode(args, to_handle), wire.encode(kwargs, to_handle)]
-    except BaseException:  # too deep now, or a hostile object: the test's arguments stay as they were
-        pass
-    _flush()
-    wire.send_frame(resp_w, reply)
-
-
-def _print_traceback(e: BaseException) -> None:
-    try:
-        import traceback  # here, not in the zygote: every job would map it (see _trim)
-
-        traceback.print_exception(type(e), e, e.__traceback__, limit=-3, file=sys.stderr)
-    except BaseException:  # a hostile exception's __str__ must not stop the reply
-        try:
-            print(f"{type(e).__name__}: {e}", file=sys.stderr)
-        except BaseException:
-            pass
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
 
 
 # ---- T: the trusted test runner ---------------------------------------------------------------
@@ -340,9 +82,11 @@ def _flush() -> None:
 
 def _trusted_main(job: dict, sol_fd: int, tests_fd: int, result_fd: int) -> None:
     if job["isolate"]:
-        drop_capabilities()
+        jobproc.drop_capabilities()
     else:
-        _c().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans come back to us to be killed
+        jobproc.libc().prctl(
+            jobproc.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0
+        )  # orphans come back to us to be killed
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # PID 1 ignores signals it has no handler for
     deadline = time.monotonic() + job["timeout_s"]
     req_r, req_w = os.pipe()
@@ -351,7 +95,7 @@ def _trusted_main(job: dict, sol_fd: int, tests_fd: int, result_fd: int) -> None
     pid = os.fork()
     if pid == 0:
         try:
-            _solution_main(job, sol_fd, req_r, resp_w, out_w)
+            solution.solution_main(job, sol_fd, req_r, resp_w, out_w)
         finally:
             os._exit(70)
     for fd in (sol_fd, req_r, resp_w, out_w):
@@ -459,12 +203,12 @@ def _spare_main(chan: socket.socket, isolate: bool, tmp_mb: int) -> None:
     _prefer_as_oom_victim()
     error = None
     try:
-        _close_all_but({0, 1, 2, chan.fileno()})
+        jobproc.close_all_but({0, 1, 2, chan.fileno()})
         if isolate:
-            _enter_job_namespaces(tmp_mb)
+            jobproc.enter_job_namespaces(tmp_mb)
     except OSError as e:
         error = f"job set-up failed: {e}"
-    _close_all_but({0, 1, 2, chan.fileno()})
+    jobproc.close_all_but({0, 1, 2, chan.fileno()})
     try:
         msg, fds, _, _ = socket.recv_fds(chan, 1 << 16, 4)
     except OSError:
@@ -491,15 +235,15 @@ def _spare_main(chan: socket.socket, isolate: bool, tmp_mb: int) -> None:
 
 def _prefer_as_oom_victim() -> None:
     """At the memory cgroup's limit the kernel should kill the job, not the zygote (see memcg.py)."""
-    libc = _c()
-    libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # /proc/self/* is ours to write only while dumpable
+    libc = jobproc.libc()
+    libc.prctl(jobproc.PR_SET_DUMPABLE, 1, 0, 0, 0)  # /proc/self/* is ours to write only while dumpable
     try:
         fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
         os.write(fd, b"1000")
         os.close(fd)
     except OSError:
         pass  # a kernel without it: the host still reports the OOM kill, at the cost of a restart
-    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    libc.prctl(jobproc.PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 def _fork_spare(isolate: bool, tmp_mb: int) -> tuple[int, socket.socket]:
@@ -524,7 +268,7 @@ def _self_test(isolate: bool) -> str:
     if pid == 0:
         os.close(r)
         try:
-            _enter_job_namespaces(1)
+            jobproc.enter_job_namespaces(1)
             if seccomp.program() is not None:
                 seccomp.install()
             os._exit(0)
@@ -541,12 +285,8 @@ def _self_test(isolate: bool) -> str:
 def _trim(libc) -> None:
     """Shrink the zygote before it forks anything: every job forks three processes from it (C, T, U),
     and each fork copies its page tables and each exit unmaps them, which is most of a job's cost
-    (measured with perf: ~60% of the CPU a 2-worker pool spends). The runtime's sources, compiled, are
-    no longer needed; freed heap goes back to the kernel, so no job maps it (1.3 MiB of 11 here)."""
-    main = sys.modules.get("__main__")
-    for name in ("SOURCES", "PACKED", "_src"):  # the bootstrap's (sandbox.py _BOOT)
-        if main is not None and hasattr(main, name):
-            delattr(main, name)
+    (measured with perf: ~60% of the CPU a 2-worker pool spends). The bootstrap has already dropped the
+    runtime's sources (sandbox.py _BOOT); freed heap goes back to the kernel, so no job maps it."""
     gc.collect()
     trim = getattr(libc, "malloc_trim", None)  # glibc; musl has none
     if trim is not None:
@@ -558,8 +298,8 @@ def zygote_main(argv: list[str]) -> None:
     args = dict(zip(argv[::2], argv[1::2]))
     ctrl_fd = int(args["--ctrl-fd"])
     isolate = args.get("--isolate", "1") == "1"
-    libc = _c()
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc = jobproc.libc()
+    libc.prctl(jobproc.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     for name in _PRELOAD:  # before dropping root: unsafe mode may run from a prefix only root can read
         try:
             __import__(name)
@@ -572,8 +312,8 @@ def zygote_main(argv: list[str]) -> None:
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
-    libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    libc.prctl(jobproc.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    libc.prctl(jobproc.PR_SET_DUMPABLE, 0, 0, 0, 0)
     seccomp.prepare()
     _trim(libc)
     gc.freeze()  # forked jobs then never touch (and copy) the zygote's objects when they collect

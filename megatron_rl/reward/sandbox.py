@@ -56,8 +56,10 @@ _RUNTIME_MODULES = (
     "testplan",
     "testrunner",
     "seccomp",
+    "jobproc",
     "channel",
     "stdio",
+    "solution",
     "harness",
 )
 _BOOT = """\
@@ -76,6 +78,7 @@ def _load(name, src):
     setattr(sys.modules[".".join(parts[:-1])], parts[-1], mod)
 for _name, _src in SOURCES:
     _load(_name, _src)
+del SOURCES, PACKED, _name, _src  # compiled now: no job needs to map the sources (harness._trim)
 sys.modules["megatron_rl.reward.harness"].zygote_main(sys.argv[1:])
 """
 UNSAFE_WARNING = (

@@ -157,22 +157,10 @@ def _program_main(code: CodeType) -> None:
     except MemoryError:
         status = _MEMORY_EXIT
     except BaseException as e:
-        try:
-            import traceback  # here, not in the zygote, whose every job would map it (harness._trim)
-
-            tb = e.__traceback__.tb_next if e.__traceback__ else None  # from the program's frames on
-            traceback.print_exception(type(e), e, tb, limit=-3, file=sys.stderr)
-        except BaseException:
-            try:
-                print(f"{type(e).__name__}: {e}", file=sys.stderr)
-            except BaseException:
-                pass
+        print_exception(e, e.__traceback__.tb_next if e.__traceback__ else None)  # the program's frames on
         status = 1
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            status = status or 1  # output that could not be written is not output
+    if not flush_output():
+        status = status or 1  # output that could not be written is not output
     os._exit(status)
 
 
@@ -233,3 +221,30 @@ def _judge(reply: Any, expected: str) -> str | None:
         if g != w:
             return f"stdout line {line}: expected {w[:80]!r}, got {g[:80]!r}"
     return f"stdout has {len(got)} lines, expected {len(want)}"
+
+
+def print_exception(e: BaseException, tb=None) -> None:
+    """A program's error on its stderr (the job's output tail), its last three frames from `tb`
+    (default: all of them); a hostile exception whose `__str__` raises gets its type name alone."""
+    try:
+        import traceback  # here, not in the zygote, whose every job would map it (harness._trim)
+
+        traceback.print_exception(
+            type(e), e, tb if tb is not None else e.__traceback__, limit=-3, file=sys.stderr
+        )
+    except BaseException:
+        try:
+            print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        except BaseException:
+            pass
+
+
+def flush_output() -> bool:
+    """Flush the program's stdout and stderr; False when either could not be written."""
+    ok = True
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            ok = False
+    return ok
