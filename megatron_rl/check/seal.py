@@ -9,7 +9,7 @@ proves nothing the launcher did not.
 
 So the launcher passes a seal in the environment (`SEAL_ENV`): a digest of the recipe as composed, of
 the files the data check read (the problem files and the model's tokenizer folder: path, size and
-modification time of each) and of this package's version. A rank whose own digest of the same things
+modification time and change time of each) and of this package's version. A rank whose own digest of the same things
 equals it skips that read; any difference (another override, an edited or replaced file, a rank
 started by hand with no launcher, storage that shows other times) means a full check there. A seal
 can only save work: it never lets through what the check would refuse, and without one nothing changes.
@@ -48,8 +48,11 @@ def _files(source: str) -> list[Path]:
 
 
 def _identity(path: Path) -> list:
+    """What changes when a file's contents may have: its size and modification time, which `touch -d` or
+    a copy that keeps times can put back, and its change time, which no user can (any write or
+    `utime` sets it to now)."""
     st = path.stat()
-    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
+    return [str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _version() -> str:

@@ -82,7 +82,7 @@ def read_problems(run: Run, procs: Processes) -> list | None:
         d = run.recipe.data
         try:
             box = [load_problems(d.source, d.columns)]
-        except (ValueError, OSError) as e:
+        except Exception as e:  # any: the other ranks are waiting in the broadcast below
             error, box = e, [f"{type(e).__name__}: {e}"]
     dist.broadcast_object_list(box, src=0, group=procs.job_cpu_group)
     if error is not None:

@@ -377,3 +377,7 @@ def test_job_rank_0_reads_the_problem_set_and_every_rank_gets_it(run):
     assert "no_such_problems.jsonl" in missing[0] and "job rank 0" not in missing[0]
     assert all(m.startswith("RuntimeError:") and "job rank 0 could not read it" in m for m in missing[1:])
     assert all("no_such_problems.jsonl" in m for m in missing[1:])
+    # an error of a kind the reader is not known to raise still reaches every rank (none hangs)
+    unexpected = [r["unexpected"]["error"] for r in every]
+    assert unexpected[0] == "KeyError: 'question'"
+    assert all(m.startswith("RuntimeError:") and "KeyError" in m for m in unexpected[1:]), unexpected

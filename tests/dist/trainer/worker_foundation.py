@@ -137,14 +137,24 @@ def shared_problems(rank: int) -> None:
 
     group = dist.new_group(backend="gloo")
     procs = SimpleNamespace(rank=rank, job_cpu_group=group)
-    if rank != 0:
+    real = data_problems.load_problems
 
-        def refuse(*_a, **_k):
-            raise AssertionError(f"rank {rank} read the problem set itself")
+    def on_rank_0(source, columns=None):  # a reader failing with an error of no expected kind
+        if source == "<raises KeyError>":
+            raise KeyError("question")
+        return real(source, columns)
 
-        data_problems.load_problems = refuse
+    def refuse(*_a, **_k):
+        raise AssertionError(f"rank {rank} read the problem set itself")
+
+    data_problems.load_problems = on_rank_0 if rank == 0 else refuse
     out = {}
-    for name, source in (("bundled", "bundled"), ("missing", str(OUT / "no_such_problems.jsonl"))):
+    cases = (
+        ("bundled", "bundled"),
+        ("missing", str(OUT / "no_such_problems.jsonl")),
+        ("unexpected", "<raises KeyError>"),
+    )
+    for name, source in cases:
         run = SimpleNamespace(recipe=SimpleNamespace(data=SimpleNamespace(source=source, columns=None)))
         try:
             got = components.read_problems(run, procs)

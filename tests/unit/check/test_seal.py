@@ -3,6 +3,7 @@ and the files the launcher checked; anything else checks in full."""
 
 import json
 import os
+import time
 
 import pytest
 
@@ -49,6 +50,14 @@ def test_no_seal_another_override_or_a_changed_file_checks_in_full(tmp_path, che
     data.write_text(data.read_text())  # same bytes, a new modification time
     os.utime(data, ns=(1, 1))
     assert not sealed(cfg, mark)
+    cfg3 = _recipe(checkpoint, data)
+    mark3 = {SEAL_ENV: seal(cfg3)}
+    before = data.stat()
+    time.sleep(0.01)
+    data.write_text(data.read_text().replace("add(1, 2)", "add(2, 1)"))  # same size, other contents
+    os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))  # and the old modification time back
+    assert data.stat().st_size == before.st_size and data.stat().st_mtime_ns == before.st_mtime_ns
+    assert not sealed(cfg3, mark3)
     tok = checkpoint / "tokenizer_config.json"
     restore = tok.stat().st_mtime_ns
     cfg2 = _recipe(checkpoint, data)
@@ -58,7 +67,8 @@ def test_no_seal_another_override_or_a_changed_file_checks_in_full(tmp_path, che
         assert not sealed(cfg2, mark2)
     finally:
         os.utime(tok, ns=(restore, restore))
-    assert sealed(cfg2, mark2)
+    assert not sealed(cfg2, mark2)  # its old time back, but the change time says it was touched
+    assert sealed(cfg2, {SEAL_ENV: seal(cfg2)})
 
 
 def test_a_sealed_rank_skips_the_prompt_read_and_an_unsealed_one_refuses(tmp_path, checkpoint):
