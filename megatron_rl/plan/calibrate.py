@@ -8,6 +8,13 @@ steps replaces the assumed time (medians shrug off a slow first step); `init` is
 once per (re)start, never per step. Each phase's measured/predicted ratio then rescales the model's
 prediction for other layouts: the model says how a phase scales with the split, the measurement
 says where it actually sits. A phase the model predicts as zero keeps its measured time.
+
+Scoring is calibrated on the pool's whole time after generation (the record's
+`scoring.after_generation_s`), not on the `scoring` phase: a synchronous step that defers its rewards
+waits only for what its reward-free forwards leave, so the phase is a difference of two times, and its
+ratio says nothing of how long the pool takes. Each other layout's exposed scoring is then the
+calibrated whole, less what its own calibrated forwards cover (cycle.py). Records without the key
+(older runs) fall back to the phase's ratio.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import statistics
 from pathlib import Path
 
 from megatron_rl.parallel.layout import ParallelLayout
-from megatron_rl.plan.cycle import PHASES, Cycle, from_phases
+from megatron_rl.plan.cycle import NEED_NO_REWARD, PHASES, Cycle, from_phases
 from megatron_rl.plan.inputs import PlanError, PlanInputs
 from megatron_rl.plan.search import compare_splits
 
@@ -54,6 +61,15 @@ def read_steps(path: str | Path) -> list[dict]:
                 or not math.isfinite(secs)
             ):
                 raise PlanError(f'{where}: phase {name!r} needs a non-negative number "seconds"')
+        sc = rec.get("scoring")
+        after = sc.get("after_generation_s") if isinstance(sc, dict) else None
+        if "scoring" in rec and (
+            not isinstance(after, int | float)
+            or isinstance(after, bool)
+            or after < 0
+            or not math.isfinite(after)
+        ):
+            raise PlanError(f'{where}: "scoring" needs a non-negative number "after_generation_s"')
         records.append(rec)
     if not records:
         raise PlanError(f"--from-steps {path}: no step records in the file")
@@ -81,15 +97,29 @@ def summarize(records: list[dict]) -> dict:
         if other:
             seconds.setdefault("other", []).append(other)
     med = {name: statistics.median(v) for name, v in seconds.items()}
+    after = [float(r["scoring"]["after_generation_s"]) for r in records if "scoring" in r]
     return {
         "steps": len(records),
         "median_s": med,
         "mem_gib_max": mem,
         "init_s": med.pop("init", None),
+        # the pool's whole time after generation; None for records that predate the key
+        "scoring_after_s": statistics.median(after) if len(after) == len(records) else None,
     }
 
 
-def _rescale(predicted: dict, factors: dict, offsets: dict, measured: dict) -> dict:
+def _whole_scoring(c: Cycle) -> float:
+    """Generation's end to the last reward: the exposed wait plus what the forwards hid (cycle.py)."""
+    return c.phases.get("scoring", 0.0) + c.scoring.get("behind_forwards_s", 0.0)
+
+
+def _rescale(
+    option: Cycle, factors: dict, offsets: dict, measured: dict, whole: float | None, defers: bool
+) -> dict:
+    """`option`'s phases calibrated. `whole`: the calibrated factor on the pool's whole time after
+    generation (None: scale the exposed phase like any other); `defers`: the workload's rewards may come
+    after the batch (Workload.defer_scoring), so a serial layout's forwards hide part of them."""
+    predicted = option.phases
     out = {}
     for name in PHASES:
         f = factors.get(name)
@@ -99,6 +129,11 @@ def _rescale(predicted: dict, factors: dict, offsets: dict, measured: dict) -> d
             out[name] = predicted.get(name, 0.0) * f
         elif name in measured:
             out[name] = measured[name]
+    if whole is not None:
+        scoring = _whole_scoring(option) * whole
+        if defers and not option.layout.overlapped:
+            scoring -= min(scoring, sum(out.get(p, 0.0) for p in NEED_NO_REWARD))
+        out["scoring"] = scoring
     if "other" in measured:
         out["other"] = measured["other"]
     return out
@@ -116,6 +151,11 @@ def calibrate(inp: PlanInputs, layout: ParallelLayout, predicted: Cycle, summary
         if name in measured and predicted.phases.get(name, 0.0) > 0:
             factors[name] = measured[name] / predicted.phases[name]
     offsets = {n: measured[n] - predicted.phases.get(n, 0.0) for n in ADDITIVE if n in measured}
+    whole = None
+    if summary.get("scoring_after_s") is not None and _whole_scoring(predicted) > 0:
+        whole = summary["scoring_after_s"] / _whole_scoring(predicted)
+        factors["scoring_after_generation"] = whole
+        factors.pop("scoring", None)  # the exposed phase follows from the whole (_rescale)
     phases = {name: measured[name] for name in (*PHASES, "other") if name in measured}
     p = predicted
     now = from_phases(layout, phases, p.gen, p.scoring, p.publication, p.memory)
@@ -123,17 +163,21 @@ def calibrate(inp: PlanInputs, layout: ParallelLayout, predicted: Cycle, summary
     for option in compare_splits(inp, layout):
         cal = from_phases(
             option.layout,
-            _rescale(option.phases, factors, offsets, measured),
+            _rescale(option, factors, offsets, measured, whole, inp.work.defer_scoring),
             option.gen,
             option.scoring,
             option.publication,
             option.memory,
         )
         rows.append(cal)
+    shown, expected = dict(phases), dict(predicted.phases)
+    if whole is not None:  # a row of its own in the calibration table, beside the exposed phase
+        shown["scoring_after_generation"] = summary["scoring_after_s"]
+        expected["scoring_after_generation"] = _whole_scoring(predicted)
     return {
         "steps": summary["steps"],
-        "measured_s": dict(phases),
-        "predicted_s": dict(predicted.phases),
+        "measured_s": shown,
+        "predicted_s": expected,
         "factors": factors,
         "offsets": offsets,
         "init_s": summary["init_s"],

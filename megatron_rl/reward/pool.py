@@ -103,6 +103,9 @@ class RewardPool:
         self._submitted = 0
         self._delivered = 0
         self._closed = False
+        # perf_counter when the newest streamed result was finished: a step that collects its rewards
+        # late (loop/step/collect.py PendingRewards) still learns when scoring actually ended
+        self.last_result_at = 0.0
         started: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._work, args=(sb, started), name=f"reward-worker-{i}", daemon=True)
@@ -233,6 +236,7 @@ class RewardPool:
             if fut is not None:  # call(): the result goes to its caller only
                 fut.set_result(result)
             else:
+                self.last_result_at = time.perf_counter()
                 self._done.put(result)
 
     def _score_sandboxed(self, sandbox: Sandbox, sample_id: Any, problem: Problem, text: str) -> RewardResult:

@@ -184,10 +184,18 @@ def step_metrics(
         "throughput": {
             "generated_tokens_per_s": gen_tokens / gen_s if gen_s > 0 else 0.0,
             "trained_tokens_per_s": gen_tokens / train_s if train_s > 0 else 0.0,
-            "samples_scored_per_s": stats.samples / max(stats.generation_s + stats.scoring_tail_s, 1e-9),
+            "samples_scored_per_s": stats.samples / max(stats.generation_s + stats.scoring_after_s, 1e-9),
             "scoring_hidden_fraction": 1.0 - stats.scoring_tail_s / max(stats.scoring_busy_s, 1e-9)
             if stats.scoring_busy_s > 0
             else 0.0,
+        },
+        # The reward pool after generation ended: until its last reward (`after_generation_s`, what the
+        # planner calibrates scoring with), of which the step waited `exposed_s` (the `scoring` phase; the
+        # rest hid behind the forwards that need no reward), and its sandboxes' summed seconds.
+        "scoring": {
+            "after_generation_s": stats.scoring_after_s,
+            "exposed_s": stats.scoring_tail_s,
+            "busy_s": stats.scoring_busy_s,
         },
         "generation": {
             # rollout.oversample: prompts drawn for this step and samples cut or dropped with their groups

@@ -29,7 +29,11 @@ from megatron_rl.rollout.types import Sample
 class CollectStats:
     generated_tokens: int = 0
     generation_s: float = 0.0
-    scoring_tail_s: float = 0.0  # scoring time not hidden behind generation
+    scoring_tail_s: float = 0.0  # scoring time not hidden behind generation (nor, deferred, the forwards)
+    # generation's end to the last reward, hidden behind the forwards or not: what the pool took after
+    # generation (the planner calibrates scoring with it: plan/calibrate.py)
+    scoring_after_s: float = 0.0
+    ended_at: float = 0.0  # perf_counter at generation's end, on this process's clock
     scoring_busy_s: float = 0.0  # sum of per-sample sandbox seconds
     samples: int = 0
     # Seconds from the start of each generate call to each of this engine's samples finishing, per call:
@@ -166,7 +170,8 @@ def generate_and_score(
                 break
         stream.close()  # aborts what still runs; every rank of the engine stops at the same sample
     stats.env_wait_s += getattr(stream, "env_wait_s", 0.0)
-    stats.generation_s += time.perf_counter() - t0
+    stats.ended_at = time.perf_counter()
+    stats.generation_s += stats.ended_at - t0
     stats.finish_s.append(finished)
     stats.call_s.append(time.perf_counter() - t0)
     cut = list(stream.cut)  # rollout.partial: the requests the close aborted, with their tokens
@@ -180,6 +185,7 @@ def generate_and_score(
             for r in pool.results() if not turns else ():
                 results[r.sample_id] = r
         stats.scoring_tail_s += time.perf_counter() - t1
+        stats.scoring_after_s += time.perf_counter() - t1
     else:
         deferred += list(pending)
     _note_memory(timer, stats)
@@ -240,20 +246,23 @@ class PendingRewards:
         got: dict = {}
         t1 = time.perf_counter()
         with self.timer.phase("scoring"):
+            after = 0.0
             if self.pool is not None and self.expected:
                 for r in self.pool.results():
                     got[r.sample_id] = (float(r.reward), r.status, float(r.seconds))
-            parts = gather_parts(got, self.cpu_group)
-            merged = {k: v for p in parts for k, v in (p or {}).items()}
+                after = max(0.0, self.pool.last_result_at - self.stats.ended_at)
+            parts = gather_parts((got, after), self.cpu_group)
+            merged = {k: v for p in parts for k, v in (p[0] if p else {}).items()}
         missing = [k for k in self.expected if k not in got]
         if missing:
             raise RuntimeError(
                 f"the reward pool returned no result for {len(missing)} samples: {missing[:4]}"
             )
         self.stats.scoring_tail_s += time.perf_counter() - t1
+        self.stats.scoring_after_s += max(p[1] for p in parts if p)  # the leader that finished last
         # an engine leader's own sandbox seconds; a rank without a pool (a separated trainer, whose stats are
         # the slowest engine's) the busiest leader's
-        busy = [sum(v[2] for v in (p or {}).values()) for p in parts]
+        busy = [sum(v[2] for v in (p[0] if p else {}).values()) for p in parts]
         self.stats.scoring_busy_s += sum(v[2] for v in got.values()) if self.pool is not None else max(busy)
         _note_memory(self.timer, self.stats)
         for s, key in zip(self.samples, self.keys):

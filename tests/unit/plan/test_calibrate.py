@@ -114,9 +114,53 @@ def test_what_if_separated_scales_each_phase_by_its_calibration(ref, steps_file)
     assert "switch" not in row.phases
 
 
+def test_scoring_is_calibrated_on_the_pools_whole_time_after_generation(ref, tmp_path):
+    """A synchronous step that defers its rewards waits only for what its reward-free forwards leave
+    (here 9 s of a 31 s tail): the same pools run asynchronously wait for the whole 31 s, so the
+    calibrated what-if rows scale the whole time after generation, and a serial row's wait is that less
+    its own calibrated forwards."""
+    inp, layout = ref
+    assert inp.work.defer_scoring
+    tails = (30.0, 31.0, 32.0)
+    path = tmp_path / "steps.jsonl"
+    recs = [{**s, "scoring": {"after_generation_s": t, "exposed_s": 9.0}} for s, t in zip(STEPS, tails)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    summary = summarize(read_steps(path))
+    assert summary["scoring_after_s"] == 31.0
+    predicted = cycle(inp, layout)
+    cal = calibrate(inp, layout, predicted, summary)
+    whole = 31.0 / (predicted.phases["scoring"] + predicted.scoring["behind_forwards_s"])
+    assert cal["factors"]["scoring_after_generation"] == pytest.approx(whole)
+    assert "scoring" not in cal["factors"]  # the exposed phase is derived, not scaled
+    assert cal["measured_s"]["scoring_after_generation"] == 31.0
+    assert cal["cycle"].phases["scoring"] == 9.0  # the measured cycle keeps what it waited
+    pred_rows = {c.layout: c for c in compare_splits(inp, layout)}
+    seen = set()
+    for row in cal["what_if"]:
+        pred = pred_rows[row.layout]
+        full = (pred.phases["scoring"] + pred.scoring.get("behind_forwards_s", 0.0)) * whole
+        if row.layout.overlapped:
+            assert row.phases["scoring"] == pytest.approx(full)
+        else:
+            covered = row.phases["old_logprobs"] + row.phases["ref_logprobs"]
+            assert row.phases["scoring"] == pytest.approx(max(0.0, full - covered))
+        seen.add(row.layout.overlapped)
+    assert seen == {True, False}
+    asynchronous = [r for r in cal["what_if"] if r.layout.overlapped]
+    assert all(r.phases["scoring"] > 25.0 for r in asynchronous)  # not the 9 s a sync step waited
+    # one record without the key: the whole is not known for every step, so the phase's ratio is used
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*recs[:2], STEPS[2]]))
+    assert summarize(read_steps(path))["scoring_after_s"] is None
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
+        (
+            '{"step": 1, "phases": {}, "scoring": {"after_generation_s": -2}}',
+            '"scoring" needs a non-negative',
+        ),
+        ('{"step": 1, "phases": {}, "scoring": 3}', '"scoring" needs a non-negative'),
         ("{not json", "steps.jsonl:2: not JSON"),
         ('{"phases": {}}', 'steps.jsonl:2: each line must be an object with an integer "step"'),
         ('{"step": 1, "phases": []}', '"phases" must be an object'),

@@ -36,17 +36,25 @@ def test_rewards_arrive_by_key_after_the_caller_went_on():
     samples = [_sample(i // 2, i % 2) for i in range(4)]
     stats = CollectStats()
     with _pool() as pool:
+        stats.ended_at = time.perf_counter()  # generation's end
         for k, (p, s) in enumerate(keys):
             pool.submit(
                 (p, s), Problem(id=f"m{k}", prompt="?", answer=str(p)), f"\\boxed{{{p if s else p + 1}}}"
             )
         pending = PendingRewards(samples, keys, pool, list(keys), None, PhaseTimer(), stats)
         assert all(s.status == "" for s in samples)  # not scored yet: nothing reads a reward of 0 as one
+        time.sleep(0.5)  # the trainer's reward-free forwards: the pool finishes meanwhile
+        waited = time.perf_counter()
         pending.wait()
+        waited = time.perf_counter() - waited
         with pytest.raises(RuntimeError, match="twice"):
             pending.wait()
     assert [(s.reward, s.status) for s in samples] == [(0.0, "failed"), (1.0, "passed")] * 2
     assert stats.scoring_busy_s >= 4 * 0.05 and stats.scoring_tail_s > 0
+    # the pool's time after generation is when its last result came (two rounds of 0.05 s on 2 workers),
+    # not the short wait after the forwards
+    assert stats.scoring_tail_s <= waited < 0.1
+    assert 0.1 <= stats.scoring_after_s < 0.5
 
 
 def test_a_sample_the_pool_never_scored_fails_the_step():
