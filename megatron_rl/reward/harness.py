@@ -2,7 +2,7 @@
 
 Standard library only. `sandbox.py` starts it under bubblewrap as `python -I -S -c <bootstrap>` with
 this module and the rest of the runtime passed in as source: nothing of the project is on disk there.
-Here: Z, C and T. The solution process U is `solution.py`; what each process sets up for itself
+Here: Z and T. The solution process U is `solution.py`; what each process sets up for itself
 (namespaces, capabilities, rlimits, descriptors) is `jobproc.py`.
 
 Trust model
@@ -11,10 +11,10 @@ Untrusted: the completion's code and everything it can reach. Trusted: this runt
 tests, and the host. The sandbox (bubblewrap; see `sandbox.py`) keeps the code from the network, the
 host's files and other processes; inside it, each job is split so the verdict cannot be forged:
 
-    host ──ctrl socket──> Z zygote (never sees a job's content; keeps one spare C ready)
-                          └─ C: new user, mount, PID, IPC and network namespaces; fresh tmpfs on /tmp
-                             └─ T test runner: PID 1 of the job, holds the tests and the result pipe
-                                └─ U solution: rlimited, no capabilities, seccomp-filtered, own session
+    host ──ctrl socket──> Z zygote (never sees a job's content; keeps the next job's T ready)
+                          └─ T test runner: PID 1 of the job, in new user, mount, PID, IPC and network
+                             namespaces with a fresh tmpfs on /tmp; holds the tests and the result pipe
+                             └─ U solution: rlimited, no capabilities, seccomp-filtered, own session
 
 - Per-test verdicts are computed in T, which never executes the solution's code. T reaches U only by
   messages: calls go out as encoded arguments, answers come back through `wire.decode`, which builds
@@ -36,7 +36,7 @@ host's files and other processes; inside it, each job is split so the verdict ca
 - T is PID 1 of the job's PID namespace: U cannot signal it (the kernel drops signals to a namespace's
   init from inside unless it installed a handler, and SIGKILL never reaches it), and when T exits the
   kernel kills every process left in the namespace, so no daemon outlives its job. U runs in a session
-  of its own, so `kill(0, sig)` reaches only its own group, never C or Z (which share its uid outside
+  of its own, so `kill(0, sig)` reaches only its own group, never Z (which shares its uid outside
   the job's namespaces); a signal U sends itself is its own crash, reported `crashed` with the signal's
   name, and leaves the sandbox running.
 - Nothing passes from one job to the next: the per-job mount namespace gives each job a fresh,
@@ -50,7 +50,7 @@ host's files and other processes; inside it, each job is split so the verdict ca
   memory cgroup where the host allows one (`memcg.py`, which also says what is left where it does not).
 - Problems judged by stdin/stdout pairs run the same split: U compiles the program and runs it afresh
   in a child per pair, input on stdin; T holds the expected outputs and compares (`stdio.py`).
-- Z keeps the next job's C ready: forked, in its namespaces, waiting for a job on a socket of its own,
+- Z keeps the next job's T ready: cloned into its namespaces, waiting for a job on a socket of its own,
   so creating namespaces is off the critical path. The host plans the tests (`testplan`) once per
   problem and sends the plan, so T does not parse them per job.
 What this does not defend against: kernel exploits through the system calls the filter allows.
@@ -189,23 +189,23 @@ def _kill_descendants() -> None:
         time.sleep(0.005)
 
 
-# ---- C and Z: namespaces per job, and the zygote --------------------------------------------
+# ---- T before its job, and Z: namespaces per job, and the zygote --------------------------
 
 
-def _spare_main(chan: socket.socket, isolate: bool, tmp_mb: int) -> None:
-    """C: enter fresh namespaces *before* a job exists, then run one job.
+def _spare_main(chan: socket.socket, isolate: bool, tmp_mb: int, ids: tuple[int, int], error: str) -> None:
+    """T, before its job: set up the namespaces it was cloned into, then wait for a job and run it.
 
-    The zygote forks the next job's C while the current job runs, so creating the namespaces (a network
-    namespace costs milliseconds) is off the job's critical path. C sees only its own socket to the
-    zygote; a job arrives on it as limits and pipes.
+    The zygote forks the next job's T while the current job runs, so creating the namespaces (a network
+    namespace costs milliseconds) is off the job's critical path. T sees only its own socket to the
+    zygote; a job arrives on it as limits and pipes. `error`: the zygote could not clone it into fresh
+    namespaces (this T was forked plainly to report that to its job).
     """
-    gc.disable()  # C and T are short-lived and allocate little: collecting would only copy pages
+    gc.disable()  # T is short-lived and allocates little: collecting would only copy pages
     _prefer_as_oom_victim()
-    error = None
     try:
         jobproc.close_all_but({0, 1, 2, chan.fileno()})
-        if isolate:
-            jobproc.enter_job_namespaces(tmp_mb)
+        if isolate and not error:
+            jobproc.set_up_job_namespaces(ids[0], ids[1], tmp_mb)
     except OSError as e:
         error = f"job set-up failed: {e}"
     jobproc.close_all_but({0, 1, 2, chan.fileno()})
@@ -218,19 +218,11 @@ def _spare_main(chan: socket.socket, isolate: bool, tmp_mb: int) -> None:
     chan.close()
     job = json.loads(msg)
     sol_fd, tests_fd, result_fd = fds
-    if error is not None:
+    if error:
         wire.send_frame(result_fd, {"status": "sandbox_error", "passed": 0, "total": 0, "output_tail": error})
         os._exit(3)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            _trusted_main(job, sol_fd, tests_fd, result_fd)
-        finally:
-            os._exit(0)
-    for fd in fds:
-        os.close(fd)
-    _, status = os.waitpid(pid, 0)
-    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    _trusted_main(job, sol_fd, tests_fd, result_fd)
+    os._exit(0)
 
 
 def _prefer_as_oom_victim() -> None:
@@ -246,13 +238,17 @@ def _prefer_as_oom_victim() -> None:
     libc.prctl(jobproc.PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
-def _fork_spare(isolate: bool, tmp_mb: int) -> tuple[int, socket.socket]:
+def _fork_spare(isolate: bool, tmp_mb: int, ids: tuple[int, int]) -> tuple[int, socket.socket]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pid = os.fork()
+    error = ""
+    try:
+        pid = jobproc.fork_into_job_namespaces() if isolate else os.fork()
+    except OSError as e:  # say so to the job this spare was for, rather than end the sandbox
+        error, pid = f"job set-up failed: {e}", os.fork()
     if pid == 0:
         try:
             ours.close()
-            _spare_main(theirs, isolate, tmp_mb)
+            _spare_main(theirs, isolate, tmp_mb, ids, error)
         finally:
             os._exit(4)
     theirs.close()
@@ -264,11 +260,15 @@ def _self_test(isolate: bool) -> str:
     if not isolate:
         return ""
     r, w = os.pipe()
-    pid = os.fork()
+    ids = os.getuid(), os.getgid()
+    try:
+        pid = jobproc.fork_into_job_namespaces()
+    except OSError as e:
+        return str(e)
     if pid == 0:
         os.close(r)
         try:
-            jobproc.enter_job_namespaces(1)
+            jobproc.set_up_job_namespaces(ids[0], ids[1], 1)
             if seccomp.program() is not None:
                 seccomp.install()
             os._exit(0)
@@ -283,7 +283,7 @@ def _self_test(isolate: bool) -> str:
 
 
 def _trim(libc) -> None:
-    """Shrink the zygote before it forks anything: every job forks three processes from it (C, T, U),
+    """Shrink the zygote before it forks anything: every job forks two processes from it (T, U),
     and each fork copies its page tables and each exit unmaps them, which is most of a job's cost
     (measured with perf: ~60% of the CPU a 2-worker pool spends). The bootstrap has already dropped the
     runtime's sources (sandbox.py _BOOT); freed heap goes back to the kernel, so no job maps it."""
@@ -320,7 +320,8 @@ def zygote_main(argv: list[str]) -> None:
     ctrl = socket.socket(fileno=ctrl_fd)
     problem = _self_test(isolate)
     tmp_mb = int(args.get("--tmp-mb", "64"))
-    spare = _fork_spare(isolate, tmp_mb) if not problem else None  # ready before the host is told so
+    ids = os.getuid(), os.getgid()
+    spare = _fork_spare(isolate, tmp_mb, ids) if not problem else None  # ready before the host is told so
     ctrl.send(
         json.dumps(
             {"ready": not problem, "error": problem, "uid": os.getuid(), "python": sys.version}
@@ -348,6 +349,6 @@ def zygote_main(argv: list[str]) -> None:
         chan.close()
         for fd in fds:
             os.close(fd)
-        spare = _fork_spare(isolate, tmp_mb)  # the next job's, prepared while this one runs
+        spare = _fork_spare(isolate, tmp_mb, ids)  # the next job's, prepared while this one runs
         _, status = os.waitpid(pid, 0)
         ctrl.send(json.dumps({"done": os.waitstatus_to_exitcode(status)}).encode())

@@ -1,5 +1,5 @@
 """What each process of a sandbox job sets up for itself: the libc calls, capabilities, namespaces,
-rlimits and descriptors of `harness.py`'s processes (the job process C, the test runner T, the
+rlimits and descriptors of `harness.py`'s processes (the test runner T, PID 1 of its job, and the
 solution U). Standard library only: `sandbox.py` ships it into the sandbox with the rest of the runtime.
 """
 
@@ -9,6 +9,7 @@ import ctypes
 import os
 import resource
 import socket
+import sys
 from typing import Any
 
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID = 0x20000, 0x8000000, 0x10000000, 0x20000000
@@ -45,17 +46,47 @@ def drop_capabilities() -> None:
     check(lib.capset(header, data), "capset")
 
 
-def enter_job_namespaces(tmp_mb: int) -> None:
-    """New user, mount, PID, IPC and network namespaces for one job, with fresh size-capped tmpfs mounts.
+_JOB_NAMESPACES = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWNET
+# clone(2)'s number where its first argument is the flags (the others are 0 here, so their order is moot)
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220, "riscv64": 220, "ppc64le": 120, "ppc64": 120}
 
-    The network namespace is new per job, not the sandbox's: otherwise one job's sockets (TIME_WAIT
-    entries in /proc/net/tcp, abstract unix sockets) would be a channel to the next job's program.
+
+def fork_into_job_namespaces() -> int:
+    """fork(), the child in new user, mount, PID, IPC and network namespaces: PID 1 of its own job.
+
+    One clone(2) where `unshare` + `fork` would take two processes (unshare's new PID namespace holds
+    only the caller's children), so each job costs one process fewer to copy and tear down. The child
+    then runs `set_up_job_namespaces` with the zygote's ids (until its map is written it is nobody).
+    Like fork() in a single-threaded process (the zygote has no other thread, which a raw clone needs),
+    minus what CPython does after its own fork: of the runtime's modules only `random` has an at-fork
+    hook, and it is reseeded here as os.fork would. The network namespace is new per job, not the sandbox's: otherwise
+    one job's sockets (TIME_WAIT entries in /proc/net/tcp, abstract unix sockets) would be a channel
+    to the next job's program.
     """
+    number = _SYS_CLONE.get(os.uname().machine)
+    if number is None:
+        raise OSError(
+            0,
+            f"no clone(2) number known for {os.uname().machine}: the job sandbox runs on "
+            f"{', '.join(sorted(_SYS_CLONE))}",
+        )
     lib = libc()
-    uid, gid = os.getuid(), os.getgid()
+    lib.syscall.restype = ctypes.c_long
+    zero = ctypes.c_long(0)  # variadic: every argument a full long, no stray upper bits
+    pid = lib.syscall(ctypes.c_long(number), ctypes.c_long(_JOB_NAMESPACES | 17), zero, zero, zero, zero)
+    if pid < 0:  # 17: SIGCHLD to the parent when the child ends, as fork()'s
+        check(-1, "clone into the job's namespaces")
+    if pid == 0:
+        if "random" in sys.modules:
+            sys.modules["random"].seed()  # os.fork's after-fork hook of the random module
+    return pid
+
+
+def set_up_job_namespaces(uid: int, gid: int, tmp_mb: int) -> None:
+    """In the child of `fork_into_job_namespaces`: map the job's ids (`uid`, `gid`: the zygote's), then
+    fresh size-capped tmpfs mounts and the loopback of the job's own network."""
+    lib = libc()
     lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # /proc/self/*_map is writable only while dumpable
-    flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWNET
-    check(lib.unshare(flags), "unshare")
     for name, text in (
         ("setgroups", "deny"),
         ("uid_map", f"{_INNER_ID} {uid} 1"),
@@ -88,8 +119,8 @@ def apply_limits(job: dict) -> None:
     limits = {
         resource.RLIMIT_CPU: (cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL one second later
         resource.RLIMIT_AS: (job["memory_mb"] * mib,) * 2,
-        # C, T and U count against the limit too (one user namespace per job): add them.
-        resource.RLIMIT_NPROC: (job["max_processes"] + 3,) * 2,
+        # T and U count against the limit too (one user namespace per job): add them.
+        resource.RLIMIT_NPROC: (job["max_processes"] + 2,) * 2,
         resource.RLIMIT_FSIZE: (job["max_file_mb"] * mib,) * 2,
         resource.RLIMIT_NOFILE: (job["max_open_files"],) * 2,
         resource.RLIMIT_CORE: (0, 0),

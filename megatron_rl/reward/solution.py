@@ -24,8 +24,8 @@ def solution_main(job: dict, sol_fd: int, req_r: int, resp_w: int, out_w: int) -
     os.dup2(out_w, 2)
     jobproc.close_all_but({0, 1, 2, sol_fd, req_r, resp_w})
     os.environ.clear()  # bubblewrap started us with none; the interpreter's locale coercion added some
-    # A session of its own: `kill(0, sig)` then reaches only U's group, never the job process C or the
-    # zygote, which share U's uid outside the job's namespaces (and, unsafe, a group T can kill).
+    # A session of its own: `kill(0, sig)` then reaches only U's group, never the zygote, which shares
+    # U's uid outside the job's namespaces (and, unsafe, never T: a group T can kill).
     os.setsid()
     msg = wire.read_frame(sol_fd)
     os.close(sol_fd)
@@ -35,7 +35,7 @@ def solution_main(job: dict, sol_fd: int, req_r: int, resp_w: int, out_w: int) -
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
     jobproc.apply_limits(job)
-    gc.enable()  # the program's own reference cycles are collected, as in plain Python (C and T: off)
+    gc.enable()  # the program's own reference cycles are collected, as in plain Python (T: off)
     try:
         seccomp.install()
     except OSError as e:

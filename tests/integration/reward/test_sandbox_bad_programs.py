@@ -8,6 +8,7 @@ and the program returns 2 only on success), so reward 0 is the trusted side's ve
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
@@ -227,3 +228,36 @@ def test_the_tests_never_reach_the_solution_memory(pool):
         "                pass\n    return None\n"
     )
     run_hostile(pool, code, status="failed", seconds=8, tests=tests)
+
+
+def test_a_job_is_two_processes_below_the_zygote(pool):
+    """The test runner T is cloned straight into the job's namespaces, PID 1 there, and forks the
+    solution U: no process between the zygote and T (each job then has one process fewer to copy and
+    tear down; benchmarks/sandbox.py measures what that buys)."""
+    code = "import time\ndef f(x):\n    time.sleep(2)\n    return x + 1\n"
+    problem = Problem(id="slow", prompt="p", tests=TESTS, entry_point="f", timeout_s=10.0)
+    with ThreadPoolExecutor(1) as ex:
+        job = ex.submit(pool.score, [problem], [code], 60)
+        deepest: list = []
+        deadline = time.monotonic() + 8.0
+        while time.monotonic() < deadline and not job.done():
+            time.sleep(0.1)
+            below = []  # (generations below the nearest bubblewrap, process)
+            for p in psutil.Process().children(recursive=True):
+                try:
+                    names = [a.name() for a in p.parents()]
+                except psutil.Error:
+                    continue
+                if "bwrap" in names:
+                    below.append((names.index("bwrap"), p))
+            if below and max(d for d, _ in below) >= 2:
+                deepest = [p for d, p in below if d == max(d for d, _ in below)]
+                break
+        assert deepest, "no running solution process was seen"
+        runner = deepest[0].parent()
+        with open(f"/proc/{runner.pid}/status") as f:
+            nspid = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
+        depth = max(d for d, _ in below)
+        assert job.result()[0].status == "passed"
+    assert depth == 2, f"bubblewrap -> zygote -> T -> U expected; the solution is {depth + 1} below"
+    assert nspid[-1] == "1", f"T is not PID 1 of its job: NSpid {nspid}"
