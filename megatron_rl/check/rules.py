@@ -405,6 +405,7 @@ def reward_and_cluster(run) -> list[Problem]:
     cfg, out = run.recipe, []
     if cfg.reward.kind == "function" and not re.fullmatch(r"[\w.]+:\w+", cfg.reward.function):
         out.append(_problem(run, "reward.function", "must name a module:function for reward.kind=function"))
+    out += _remote_reward(run)
     if not SLURM_TIME.match(cfg.cluster.time_limit):
         out.append(
             _problem(
@@ -413,6 +414,32 @@ def reward_and_cluster(run) -> list[Problem]:
                 "is not a Slurm time; use e.g. 48:00:00, 2-00:00:00 or 90 (minutes)",
             )
         )
+    return out
+
+
+def _remote_reward(run) -> list[Problem]:
+    """The reward fleet and HTTP judges (reward/remote.py): what they are told must be usable."""
+    r, out = run.recipe.reward, []
+    if r.endpoints and r.endpoints_file:
+        out.append(
+            _problem(run, "reward.endpoints", "and reward.endpoints_file are both set: give one of them")
+        )
+    for e in r.endpoints:
+        host, _, port = str(e).rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            out.append(_problem(run, "reward.endpoints", f"holds {e!r}, which is not host:port"))
+    if (r.endpoints or r.endpoints_file) and r.kind not in ("sandbox", "function"):
+        out.append(
+            _problem(
+                run,
+                "reward.endpoints",
+                f"serve reward.kind=sandbox or function; this recipe has kind={r.kind}",
+            )
+        )
+    if r.kind == "http" and not re.match(r"https?://[^/\s]+", r.url):
+        out.append(_problem(run, "reward.url", "must be an http(s) URL of the judge for reward.kind=http"))
+    if r.kind != "http" and r.url:
+        out.append(_problem(run, "reward.url", f"is only read with reward.kind=http (this recipe: {r.kind})"))
     return out
 
 

@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "megatron_rl.cli.score:main",
         "score completions against their problems' tests (one, or a file of them)",
     ),
+    "reward-server": (
+        "megatron_rl.cli.reward_server:main",
+        "serve this node's sandboxes to a training job over HTTP (the reward fleet)",
+    ),
     "submit": ("megatron_rl.cli.submit:main", "render and submit the sbatch command for a recipe"),
     "export": ("megatron_rl.cli.export:main", "a checkpoint's policy as an HF safetensors folder"),
     "ckpt": ("megatron_rl.cli.ckpt:main", "check checkpoints against their manifests (ckpt verify)"),

@@ -92,6 +92,18 @@ def _parser() -> argparse.ArgumentParser:
         "--completions", help='a JSONL file of {"id": ..., "completion": ...} lines, with --problems'
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a report")
+    p.add_argument(
+        "--workers",
+        type=_in_range("reward.workers", int),
+        default=None,
+        help="sandboxes scoring a file at once (default: one per CPU)",
+    )
+    add_reward_options(p)
+    return p
+
+
+def add_reward_options(p: argparse.ArgumentParser) -> None:
+    """How a completion is scored: the options `score` and `reward-server` share (`reward_config`)."""
     p.add_argument("--mode", default="all_or_nothing", choices=["all_or_nothing", "fraction"])
     p.add_argument(
         "--timeout-s",
@@ -106,16 +118,9 @@ def _parser() -> argparse.ArgumentParser:
         help="the job's memory limit, MiB (at most this machine's memory)",
     )
     p.add_argument(
-        "--workers",
-        type=_in_range("reward.workers", int),
-        default=None,
-        help="sandboxes scoring a file at once (default: one per CPU)",
-    )
-    p.add_argument(
         "--function", default="", help="score with an in-process verifier 'module:function' instead"
     )
     p.add_argument("--unsafe-local", action="store_true", help="run without bubblewrap (dangerous; warns)")
-    return p
 
 
 def main(argv: list[str]) -> int:
@@ -136,7 +141,8 @@ def main(argv: list[str]) -> int:
     return 2
 
 
-def _config(args: argparse.Namespace, workers: int) -> RewardConfig:
+def reward_config(args: argparse.Namespace, workers: int) -> RewardConfig:
+    """The RewardConfig of `add_reward_options`' arguments, with `workers` sandboxes."""
     return RewardConfig(
         kind="function" if args.function else "sandbox",
         function=args.function,
@@ -167,7 +173,7 @@ def _score_one(args: argparse.Namespace) -> int:
     from megatron_rl.reward.sandbox import SandboxUnavailable
 
     try:
-        with RewardPool(_config(args, 1)) as pool:
+        with RewardPool(reward_config(args, 1)) as pool:
             (result,) = pool.score([problem], [completion])
     except (SandboxUnavailable, ValueError, ImportError, AttributeError, TypeError) as e:
         return _fail(e)
@@ -197,7 +203,7 @@ def _score_file(args: argparse.Namespace) -> int:
     workers = min(args.workers or default_workers(), len(todo))
     rows = []
     try:
-        with RewardPool(_config(args, workers)) as pool:
+        with RewardPool(reward_config(args, workers)) as pool:
             for i, item in enumerate(todo):
                 pool.submit(i, item.problem, item.text)
             for result in batch.in_order(pool.results(len(todo)), len(todo)):

@@ -12,7 +12,7 @@ from __future__ import annotations
 FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 OVERLONG_MODES = ("none", "mask", "penalty")
 REFERENCE_PLACEMENTS = ("resident", "offload")
-REWARD_KINDS = ("sandbox", "function", "model")
+REWARD_KINDS = ("sandbox", "function", "model", "http")
 ALGORITHMS = ("grpo", "ppo")
 ADVANTAGE_WHITENING = ("batch", "scale", "none")
 REWARD_MODES = ("all_or_nothing", "fraction")

@@ -241,8 +241,26 @@ class RolloutConfig:
 class RewardConfig:
     """How completions are scored."""
 
-    kind: str = "sandbox"  # sandbox | function | model
+    kind: str = "sandbox"  # sandbox | function | model | http
     function: str = ""  # module:function for kind=function
+    # The reward fleet (reward/remote.py): reward servers (`megatron-rl reward-server`) on CPU nodes score
+    # the samples instead of local sandboxes. `endpoints`: host:port of each; `endpoints_file`: a file
+    # with one host:port per line (the sbatch script writes it as the fleet comes up), waited for up to
+    # `endpoints_wait_s`. Each sample goes to the least-loaded server; a failed or vanished one's samples
+    # go to another, up to `remote_attempts` sends per sample, each with `remote_timeout_s`.
+    endpoints: list[str] = field(default_factory=list)
+    endpoints_file: str = ""
+    endpoints_wait_s: float = 300.0
+    remote_timeout_s: float = 120.0
+    remote_attempts: int = 5
+    # kind=http: POST {"prompt", "completion", "problem_id", "answer"} to `url` (an LLM judge or a
+    # reward-model server), which answers {"reward": float} (and optionally "status"); `http_timeout_s`
+    # per request, `http_retries` more tries on a connection error, a timeout or a 5xx; a bearer token
+    # from the environment variable `http_token_env` when set.
+    url: str = ""
+    http_timeout_s: float = 30.0
+    http_retries: int = 2
+    http_token_env: str = ""
     # A learned reward model (trainer/reward_model.py): an HF `*ForSequenceClassification` checkpoint with one
     # label, scored on the trainer's devices after generation (frozen, on the host between uses like an
     # offloaded reference). kind=model: the reward is model_weight x its score. With kind sandbox or
@@ -259,6 +277,10 @@ class RewardConfig:
     # Pool sizing for the planner: cores in the scoring pool and seconds per sample.
     pool_cores: int = 2
     seconds_per_sample: float = 0.5
+    # A reward fleet's size for the planner: `fleet_nodes` CPU nodes of `fleet_cpus_per_node` CPUs score in
+    # place of reward.pool_cores (0: no fleet); `megatron-rl plan` says when they are the bottleneck.
+    fleet_nodes: int = 0
+    fleet_cpus_per_node: int = 64
 
 
 @dataclass

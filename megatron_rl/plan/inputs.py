@@ -53,7 +53,7 @@ class Workload:
     # when the update's own forward or the engines' log-probs stand in for it.
     old_forward: bool
     seconds_per_sample: float  # scoring, in one core of the pool
-    pool_cores: int
+    pool_cores: int  # the pool's cores: reward.pool_cores, or the fleet's nodes x CPUs per node
     steps: int  # the run's steps (the recipe's `steps`)
     # Multi-turn (rollout.env): turns per trajectory, each graded by its environment in the pool (the
     # planner takes rollout.max_turns: a trajectory that passes early takes fewer). 1: single-turn.
@@ -66,6 +66,9 @@ class Workload:
     # Synchronous, the batch returns when generation ends and the forwards that need no reward run while the
     # pool scores (parallel/schedule.py defers_scoring): not with dynamic sampling, partial rollouts, turns.
     defer_scoring: bool = True
+    # A reward fleet (reward.fleet_nodes > 0): its nodes and CPUs per node, whose product is pool_cores.
+    fleet_nodes: int = 0
+    fleet_cpus_per_node: int = 0
 
     @property
     def samples(self) -> int:
@@ -221,6 +224,7 @@ def inputs_from_run(run) -> PlanInputs:
     d, r, c, p, a = recipe.data, recipe.rollout, recipe.cluster, recipe.plan, recipe.algorithm
     # A second pass over the minibatches follows updates, as a second minibatch does (algorithms/old_policy.py).
     old_forward = needs_forward(a.old_logprobs, a.minibatches, a.kl_in_reward, a.kl_coef, a.epochs)
+    fleet_cores = recipe.reward.fleet_nodes * recipe.reward.fleet_cpus_per_node
     work = Workload(
         prompts=d.prompts_per_step,
         samples_per_prompt=r.samples_per_prompt,
@@ -234,7 +238,9 @@ def inputs_from_run(run) -> PlanInputs:
         old_forward=old_forward,
         # reward.kind=model: the reward model alone scores (on the trainer's GPUs), no verifier in the pool.
         seconds_per_sample=0.0 if recipe.reward.kind == "model" else recipe.reward.seconds_per_sample,
-        pool_cores=recipe.reward.pool_cores,
+        pool_cores=fleet_cores or recipe.reward.pool_cores,
+        fleet_nodes=recipe.reward.fleet_nodes,
+        fleet_cpus_per_node=recipe.reward.fleet_cpus_per_node if recipe.reward.fleet_nodes else 0,
         steps=recipe.steps,
         turns=r.max_turns if r.env else 1,
         epochs=a.epochs,

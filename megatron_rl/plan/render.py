@@ -207,12 +207,37 @@ def _scoring(r: PlanReport) -> list[str]:
             f"turn, so the engines sit idle {_f(sec.scoring_exposed)} s a step waiting on environments "
             f"({_f(sec.scoring_hidden)} s of pool work overlap generation)",
         ]
-    return [
+    out = [
         "",
         "4. Scoring (CPU pool)",
         f"   {count(r.tokens.sequences, 'sample')} -> {_f(s.core_seconds, 0)} core-s: {_f(s.serial_s)} s in "
         f"{count(s.waves, 'wave')} unstreamed; streamed, {_f(sec.scoring_hidden)} s hide behind generation "
         f"and {_f(sec.scoring_exposed)} s are exposed",
+    ]
+    return out + _fleet(r)
+
+
+def _fleet(r: PlanReport) -> list[str]:
+    """A reward fleet's size against what generation needs of it: the line that says it is the bottleneck."""
+    s, sec = r.scoring, r.seconds
+    if not s.fleet_nodes:
+        return []
+    line = (
+        f"   reward fleet: {count(s.fleet_nodes, 'node')} x {s.fleet_cpus_per_node} CPUs = "
+        f"{count(s.fleet_nodes * s.fleet_cpus_per_node, 'core')} (reward.fleet_nodes, reward.fleet_cpus_per_node)"
+    )
+    need = s.fleet_nodes_to_keep_up
+    if need <= s.fleet_nodes:
+        return [line + f"; it keeps up with generation ({count(need, 'node')} would do)"]
+    if sec.scoring_exposed > 0:
+        return [
+            line,
+            f"   THE FLEET IS THE BOTTLENECK: the devices wait {_f(sec.scoring_exposed)} s a step for its "
+            f"{count(s.waves, 'wave')}; {count(need, 'node')} would keep up with generation",
+        ]
+    return [
+        line + f"; its {count(s.waves, 'wave')} run past generation, behind the forwards that need no reward "
+        f"({count(need, 'node')} would keep up with generation itself)"
     ]
 
 

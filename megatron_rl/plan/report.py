@@ -152,7 +152,12 @@ def _dominant(inp: PlanInputs, c: Cycle, gpu_s: GpuSeconds, step: Cycle) -> Domi
         parts.append(
             f"Scoring is the CPU pool's: {count(w.samples, 'sample')} x {w.seconds_per_sample:g} core-s over "
             f"{count(w.pool_cores, 'core')}, of which {num(wall['scoring'])} s wait after generation ends; "
-            "more reward cores (reward.pool_cores) or cheaper tests shorten it, more GPUs do not."
+            + (
+                f"the reward fleet ({count(w.fleet_nodes, 'node')}) is the bottleneck: more fleet nodes "
+                "(reward.fleet_nodes) or cheaper tests shorten it, more GPUs do not."
+                if w.fleet_nodes
+                else "more reward cores (reward.pool_cores) or cheaper tests shorten it, more GPUs do not."
+            )
         )
     if g.tail_s > 0.2 * g.decode_s:
         per_token = g.longest_completion_floor_s / w.max_new_tokens * 1e3

@@ -273,6 +273,10 @@ class Scoring:
     hidden_s: float
     turns: int = 1  # multi-turn: environment runs per trajectory (plan/scoring.py)
     behind_forwards_s: float = 0.0
+    # A reward fleet (reward.fleet_nodes; 0: none): its size, and the nodes that would keep up with generation
+    fleet_nodes: int = 0
+    fleet_cpus_per_node: int = 0
+    fleet_nodes_to_keep_up: int = 0
 
 
 @dataclass(frozen=True)

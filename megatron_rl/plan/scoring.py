@@ -45,7 +45,7 @@ def scoring(inp: PlanInputs, gen: Generation) -> dict:
     bulk_done = max(gen.bulk_end_s + s, gen.prefill_s + serial)
     last_done = gen.wall_s + s
     exposed = max(0.0, max(bulk_done, last_done) - gen.wall_s) if s > 0 else 0.0
-    return {
+    out = {
         "core_seconds": w.samples * s,
         "waves": waves,
         "serial_s": serial,
@@ -53,3 +53,18 @@ def scoring(inp: PlanInputs, gen: Generation) -> dict:
         "hidden_s": max(0.0, serial - exposed),
         "turns": 1,
     }
+    if w.fleet_nodes:
+        out["fleet_nodes"], out["fleet_cpus_per_node"] = w.fleet_nodes, w.fleet_cpus_per_node
+        out["fleet_nodes_to_keep_up"] = fleet_nodes_to_keep_up(w, gen)
+    return out
+
+
+def fleet_nodes_to_keep_up(w, gen: Generation) -> int:
+    """The fewest fleet nodes whose waves fit between prefill's end and generation's end plus one s (the
+    model above: a pool that size finishes with the longest completion's own scoring, however many
+    more cores it had)."""
+    s = w.seconds_per_sample
+    if s <= 0:
+        return 0
+    waves_that_fit = max(1, math.floor((gen.wall_s - gen.prefill_s) / s) + 1)
+    return math.ceil(math.ceil(w.samples / waves_that_fit) / w.fleet_cpus_per_node)

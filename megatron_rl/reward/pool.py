@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from megatron_rl.config.choices import REWARD_KINDS
 from megatron_rl.reward.extract import compose_program
+from megatron_rl.reward.remote import FleetRefused
 from megatron_rl.reward.result import (
     CRASHED,
     FAILED,
@@ -78,8 +79,18 @@ class RewardPool:
                 f"got {cfg.timeout_s}, {cfg.memory_mb}"
             )
         self.cfg = cfg
+        self._fleet = None
+        self._fatal: BaseException | None = None
+        if cfg.endpoints or cfg.endpoints_file:  # the reward fleet scores; no sandbox here (remote.py)
+            if cfg.kind not in ("sandbox", "function"):
+                raise ValueError(f"reward.endpoints serve kind=sandbox or function, not kind={cfg.kind}")
+            from megatron_rl.reward.remote import Fleet
+
+            self._fleet = Fleet(cfg)
         self.workers = cfg.workers if cfg.workers > 0 else default_workers()
-        if self.workers > default_workers():
+        if self._fleet is not None:
+            self.workers = self._fleet.slots  # a thread per job the servers take at once
+        elif self.workers > default_workers():
             log.warning(
                 "reward.workers=%d exceeds the %d CPUs this process may use: sandboxes will compete for "
                 "cores and wall-clock timeouts will fire on programs that are merely starved",
@@ -88,7 +99,13 @@ class RewardPool:
             )
         self._verifier = None
         sandboxes: list[Sandbox | None] = [None] * self.workers
-        if cfg.kind == "function":
+        if self._fleet is not None:
+            pass
+        elif cfg.kind == "http":
+            from megatron_rl.reward.remote import HttpJudge
+
+            self._verifier = HttpJudge(cfg)
+        elif cfg.kind == "function":
             self._verifier = load_verifier(cfg.function)
         elif cfg.kind == "model":  # no verifier: the reward model scores every sample on the trainer
             self._verifier = unverified
@@ -139,7 +156,14 @@ class RewardPool:
             if self._closed:
                 raise RuntimeError("RewardPool.call after close()")
         self._jobs.put((None, problem, completion_text, fut))
-        return fut.result(timeout)
+        result = fut.result(timeout)
+        if self._fatal is not None:
+            raise RuntimeError(str(self._fatal)) from self._fatal
+        return result
+
+    def take_retries(self) -> int:
+        """Reward-fleet sends beyond each sample's first since the last call (0 scoring locally)."""
+        return self._fleet.take_retries() if self._fleet is not None else 0
 
     def run_program(self, code: str, timeout_s: float | None = None) -> RewardResult:
         """Run a Python program in the sandbox for what it prints (a tool call: env/tool_calls.py),
@@ -175,6 +199,8 @@ class RewardPool:
                 result = self._done.get(timeout=remaining)
             except queue.Empty:
                 continue
+            if self._fatal is not None:
+                raise RuntimeError(str(self._fatal)) from self._fatal
             with self._lock:
                 self._delivered += 1
             yielded += 1
@@ -220,13 +246,18 @@ class RewardPool:
                 return
             sample_id, problem, text, fut = item
             try:
-                if self._verifier is not None:
+                if self._fleet is not None:
+                    result = self._fleet.score(sample_id, problem, text)
+                elif self._verifier is not None:
                     result = self._score_function(sample_id, problem, text)
                 else:
                     assert sandbox is not None
                     result = self._score_sandboxed(sandbox, sample_id, problem, text)
             except SandboxUnavailable as e:
                 log.error("reward sandbox failed to restart: %s", e)
+                result = RewardResult(sample_id, 0.0, SANDBOX_ERROR, output_tail=str(e)[-2000:])
+            except FleetRefused as e:  # a configuration error: results() and call() raise it
+                self._fatal = e
                 result = RewardResult(sample_id, 0.0, SANDBOX_ERROR, output_tail=str(e)[-2000:])
             except Exception:  # a bug of ours must cost one sample, not the worker
                 log.exception("reward worker failed on sample %r", sample_id)

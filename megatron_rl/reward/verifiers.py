@@ -123,3 +123,14 @@ def python_format(problem: Any, completion: str) -> float:
     ):
         return 0.0
     return 1.0
+
+
+def fixed_latency(problem: Any, completion: str) -> float:
+    """`math_answer` after a fixed pause (MEGATRON_RL_VERIFIER_LATENCY_S seconds, default 0.05): a
+    verifier that takes as long as a slow one without using a core, so a reward fleet's scaling can be
+    measured on a small machine (benchmarks/reward_fleet.py)."""
+    import os
+    import time
+
+    time.sleep(float(os.environ.get("MEGATRON_RL_VERIFIER_LATENCY_S", "0.05")))
+    return math_answer(problem, completion)

@@ -196,6 +196,7 @@ def step_metrics(
             "after_generation_s": stats.scoring_after_s,
             "exposed_s": stats.scoring_tail_s,
             "busy_s": stats.scoring_busy_s,
+            "remote_retries": stats.remote_retries,  # reward fleet: samples sent again (reward/remote.py)
         },
         "generation": {
             # rollout.oversample: prompts drawn for this step and samples cut or dropped with their groups

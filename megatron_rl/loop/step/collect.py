@@ -34,6 +34,10 @@ class CollectStats:
     # generation (the planner calibrates scoring with it: plan/calibrate.py)
     scoring_after_s: float = 0.0
     ended_at: float = 0.0  # perf_counter at generation's end, on this process's clock
+    # reward fleet (reward/remote.py): samples sent again after a server failed, by this engine leader's
+    # pool (own_retries) and over every engine leader (remote_retries: what the step record reports)
+    own_retries: int = 0
+    remote_retries: int = 0
     scoring_busy_s: float = 0.0  # sum of per-sample sandbox seconds
     samples: int = 0
     # Seconds from the start of each generate call to each of this engine's samples finishing, per call:
@@ -186,6 +190,7 @@ def generate_and_score(
                 results[r.sample_id] = r
         stats.scoring_tail_s += time.perf_counter() - t1
         stats.scoring_after_s += time.perf_counter() - t1
+        stats.own_retries += _take_retries(pool)
     else:
         deferred += list(pending)
     _note_memory(timer, stats)
@@ -217,6 +222,12 @@ def generate_and_score(
     return out, left
 
 
+def _take_retries(pool) -> int:
+    """The fleet's re-sends since the last call (a multi-turn scheduler's pool scores through its env)."""
+    take = getattr(pool, "take_retries", None)
+    return take() if take is not None else 0
+
+
 def _note_memory(timer, stats: CollectStats) -> None:
     for name in ("generation", "scoring"):
         if name in getattr(timer, "stats", {}):
@@ -246,12 +257,13 @@ class PendingRewards:
         got: dict = {}
         t1 = time.perf_counter()
         with self.timer.phase("scoring"):
-            after = 0.0
+            after, retries = 0.0, 0
             if self.pool is not None and self.expected:
                 for r in self.pool.results():
                     got[r.sample_id] = (float(r.reward), r.status, float(r.seconds))
                 after = max(0.0, self.pool.last_result_at - self.stats.ended_at)
-            parts = gather_parts((got, after), self.cpu_group)
+                retries = _take_retries(self.pool)
+            parts = gather_parts((got, after, retries), self.cpu_group)
             merged = {k: v for p in parts for k, v in (p[0] if p else {}).items()}
         missing = [k for k in self.expected if k not in got]
         if missing:
@@ -260,6 +272,7 @@ class PendingRewards:
             )
         self.stats.scoring_tail_s += time.perf_counter() - t1
         self.stats.scoring_after_s += max(p[1] for p in parts if p)  # the leader that finished last
+        self.stats.remote_retries += sum(p[2] for p in parts if p)
         # an engine leader's own sandbox seconds; a rank without a pool (a separated trainer, whose stats are
         # the slowest engine's) the busiest leader's
         busy = [sum(v[2] for v in (p[0] if p else {}).values()) for p in parts]
@@ -297,6 +310,9 @@ def gather_all(
         stats = max(given, key=lambda c: c.generation_s + c.scoring_tail_s) if given else None
         if stats is not None:  # timings: the slowest engine's; memory: the largest of any engine
             stats.mem_gib = {k: max(c.mem_gib.get(k, 0.0) for c in given) for k in stats.mem_gib}
+            stats.remote_retries = sum(c.own_retries for c in given)  # counts: every engine's
+    elif stats is not None:
+        stats.remote_retries = stats.own_retries
     return sorted(local, key=lambda s: (s.prompt_index, s.sample_index)), stats, cut
 
 
@@ -389,6 +405,10 @@ def collect_batch(
         gathered, theirs, cut = gather_all(local, group, own, cut)
         if engine is None and theirs is not None:
             stats = theirs
+        elif theirs is not None:
+            stats.remote_retries = theirs.remote_retries
+        else:  # alone: this pool's own
+            stats.remote_retries = stats.own_retries
         if partial:  # counted from the carry, which every rank holds whole (samples that hold tokens)
             stats.continued_samples += sum(bool(c.token_ids) for g in carried for c in g.partial)
             stats.cut_samples += sum(bool(c.token_ids) for g in cut for c in g.partial)

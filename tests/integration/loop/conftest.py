@@ -10,14 +10,17 @@ tests/helpers/tiny_run.py (TINY, ENGINE, VERBOSE).
   minibatches), dynamic sampling. Read by test_old_logprobs and test_guarded_loop (the loop under the
   device guard; dynamic sampling keeps the batch full).
 - `verbose_oversampled_run`: 2 steps with rollout.oversample=1.5, no KL (no reference phase), with
-  MEGATRON_RL_VERBOSE=1. Read by test_oversample (the groups kept and dropped) and
+  MEGATRON_RL_VERBOSE=1, scored by a reward fleet of one sandbox server (reward.endpoints). Read by test_oversample (the groups kept and dropped) and
   test_console_and_report (what the quiet terminal keeps out; a run without a reference to compare).
 """
 
 from __future__ import annotations
 
 import pytest
+import requests
 
+from megatron_rl.reward.server import TOKEN_ENV
+from tests.helpers.fleet import TINY_REWARD, TOKEN, start_server, stop
 from tests.helpers.tiny_run import (
     ENGINE,
     ENGINE_ENV,
@@ -52,7 +55,15 @@ def engine_run(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def verbose_oversampled_run(tmp_path_factory):
-    """(folder, step records) of the `verbose` run (<folder>/verbose.log, <folder>/outputs/verbose)."""
+    """(folder, step records) of the `verbose` run (<folder>/verbose.log, <folder>/outputs/verbose). It
+    scores through a reward fleet of one real sandbox server (reward.endpoints), whose /health after the
+    run is <folder>/fleet_health.json."""
     tmp = tmp_path_factory.mktemp("verbose_oversampled")
-    launch(tmp, VERBOSE_STEPS, VERBOSE, name="verbose", env=VERBOSE_ENV)
+    server, address = start_server(tmp, "fleet", "--workers", "2", *TINY_REWARD)
+    try:
+        fleet = [f"reward.endpoints=[{address}]"]
+        launch(tmp, VERBOSE_STEPS, [*VERBOSE, *fleet], name="verbose", env={**VERBOSE_ENV, TOKEN_ENV: TOKEN})
+        (tmp / "fleet_health.json").write_text(requests.get(f"http://{address}/health", timeout=10).text)
+    finally:
+        stop(server)
     return tmp, records(tmp, "verbose")

@@ -2,6 +2,8 @@
 prompts, trains on the first 4 groups to finish (2 per engine) with all their samples, and records the
 8 samples cut or dropped with the 2 groups that finished last."""
 
+import json
+
 import pytest
 
 from tests.helpers.tiny_run import VERBOSE_STEPS, launch, records
@@ -18,6 +20,17 @@ def test_oversampled_steps_train_full_groups_of_the_first_prompts_to_finish(verb
         # 4 prompts x 4 samples trained, every group whole (group advantages need all n)
         assert r["reward"]["statuses"] and sum(r["reward"]["statuses"].values()) == 16
         assert r["logprob_agreement"]["sequences"] > 0 and r["logprob_agreement"]["beyond_threshold"] == []
+        assert r["scoring"]["remote_retries"] == 0  # a healthy fleet: every sample sent once
+
+
+def test_a_recipe_with_endpoints_scores_on_the_fleet(verbose_oversampled_run):
+    """The run's reward.endpoints named one reward-server: it scored every trained sample (and those of
+        the groups the quota dropped that had finished): had the engine leaders scored in sandboxes of their
+    own, the server would count none."""
+    tmp, over = verbose_oversampled_run
+    health = json.loads((tmp / "fleet_health.json").read_text())
+    trained = sum(sum(r["reward"]["statuses"].values()) for r in over)
+    assert trained <= health["scored"] <= trained + sum(r["generation"]["samples_dropped"] for r in over)
 
 
 def test_partial_rollouts_on_two_colocated_engines_carry_and_continue_the_cut_groups(tmp_path):

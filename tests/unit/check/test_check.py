@@ -357,3 +357,30 @@ def test_a_batch_that_does_not_split_names_every_key_and_values_that_fit(overrid
     for key, value in fixes:
         after = check_recipe(load_recipe("grpo_tiny_cpu", [*overrides, f"{key}={value}"]))
         assert not [p for p in after if "The batch:" in p.message], (key, value, after)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "words"),
+    [
+        (["reward.endpoints=[node1]"], "reward.endpoints", "not host:port"),
+        (["reward.endpoints=[a:1]", "reward.endpoints_file=/x"], "reward.endpoints", "give one of them"),
+        (
+            ["reward.endpoints=[a:1]", "reward.kind=http", "reward.url=http://j"],
+            "reward.endpoints",
+            "kind=http",
+        ),
+        (["reward.kind=http"], "reward.url", "must be an http(s) URL"),
+        (["reward.kind=http", "reward.url=judge.local:80"], "reward.url", "must be an http(s) URL"),
+        (["reward.url=http://judge"], "reward.url", "only read with reward.kind=http"),
+        (["reward.remote_attempts=0"], "reward.remote_attempts", ""),
+    ],
+)
+def test_the_reward_fleet_and_http_judges_are_checked(overrides, key, words):
+    problems = [p for p in check_recipe(load_recipe("grpo_tiny_cpu", overrides)) if p.key == key]
+    assert problems and words in problems[0].message, problems
+    ok = ["reward.endpoints=[node1:8471,node2:8471]"]
+    assert check_recipe(load_recipe("grpo_tiny_cpu", ok)) == []
+    assert (
+        check_recipe(load_recipe("grpo_tiny_cpu", ["reward.kind=http", "reward.url=http://judge:8000/r"]))
+        == []
+    )

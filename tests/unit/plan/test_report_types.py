@@ -156,6 +156,9 @@ def test_a_section_refuses_a_key_it_has_no_field_for():
         "hidden_s": 0.5,
         "turns": 1,
         "behind_forwards_s": 0.0,
+        "fleet_nodes": 2,
+        "fleet_cpus_per_node": 64,
+        "fleet_nodes_to_keep_up": 3,
     }
     assert dataclasses.asdict(from_dict(Scoring, scoring)) == scoring
     with pytest.raises(TypeError, match="queue_s"):
