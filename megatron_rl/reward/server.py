@@ -60,7 +60,10 @@ def problem_from_wire(d: Any) -> Problem:
     interface = d.get("interface", [])
     if not isinstance(interface, list):
         raise ValueError("'problem.interface' must be a list of names")
-    return Problem(**kwargs, io_tests=tuple(tuple(x) for x in io), interface=tuple(interface))
+    try:
+        return Problem(**kwargs, io_tests=tuple(tuple(x) for x in io), interface=tuple(interface))
+    except TypeError as e:  # a field of the wrong type that Problem's own checks do not name
+        raise ValueError(f"'problem': {e}") from None
 
 
 class ScoreService:

@@ -68,6 +68,17 @@ def test_health_needs_no_token_and_score_needs_the_jobs(servers):
     assert r.status_code == 400 and "prompt" in r.json()["error"]
     r = requests.post(f"http://{address}/score", data=b"{not json", headers=ok, timeout=10)
     assert r.status_code == 400
+    for problem in ({"id": 7, "prompt": "p"}, {"id": "p", "prompt": "p", "timeout_s": "soon"}, [], {"x": 1}):
+        r = requests.post(
+            f"http://{address}/score", json={**body, "problem": problem}, headers=ok, timeout=10
+        )
+        assert r.status_code == 400, (
+            problem,
+            r.status_code,
+            r.text,
+        )  # never a 500: the client would back off
+    r = requests.post(f"http://{address}/score", json={**body, "completion": 3}, headers=ok, timeout=10)
+    assert r.status_code == 400 and "completion" in r.json()["error"]
 
 
 def test_a_full_queue_answers_503(tmp_path):
