@@ -41,7 +41,8 @@ _BACKOFF_S, _BACKOFF_MAX_S = 1.0, 30.0
 
 
 class FleetRefused(RuntimeError):
-    """A reward server refused the job's token: no retry can help."""
+    """A reward server refused the job's token, or scores with other settings than the recipe's: no
+    retry can help."""
 
 
 class _Server:
@@ -53,6 +54,7 @@ class _Server:
         self.down_until = 0.0
         self.backoff = _BACKOFF_S
         self.last_error = ""
+        self.checked = False  # its /health matched the recipe: no job goes to it before
 
 
 def read_endpoints(cfg: RewardConfig) -> list[str]:
@@ -108,7 +110,7 @@ class Fleet:
                 )
                 continue
             self._check_kind(s.address, h)
-            s.capacity = max(1, int(h.get("capacity", 1)))
+            s.capacity, s.checked = max(1, int(h.get("capacity", 1))), True
             answers.append(s)
         if not answers:
             raise ValueError(
@@ -201,6 +203,20 @@ class Fleet:
             if server is None:
                 errors.append("no server free before the deadline")
                 break
+            if not server.checked:  # down at start: its settings are checked before its first job
+                try:
+                    h = self._session().get(f"{server.url}/health", timeout=10).json()
+                except (requests.RequestException, ValueError) as e:
+                    self._release(server, failed=type(e).__name__)
+                    errors.append(f"{server.address}: {type(e).__name__}")
+                    attempt = self._sent_again(attempt)
+                    continue
+                try:
+                    self._check_kind(server.address, h)
+                except ValueError as e:
+                    self._release(server, failed=None)
+                    raise FleetRefused(str(e)) from None
+                server.checked = True
             try:
                 r = self._session().post(
                     f"{server.url}/score", data=body, headers=headers, timeout=self.cfg.remote_timeout_s

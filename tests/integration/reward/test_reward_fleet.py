@@ -24,6 +24,7 @@ from megatron_rl.reward.problem import Problem
 from megatron_rl.reward.sandbox import find_bwrap
 from megatron_rl.reward.server import TOKEN_ENV
 from tests.helpers.fleet import REPO, TOKEN, start_server, stop
+from tests.helpers.launch import free_port
 
 LATENCY = "megatron_rl.reward.verifiers:fixed_latency"
 
@@ -158,6 +159,25 @@ def test_a_wrong_token_or_other_reward_settings_fail_loudly(servers, monkeypatch
     monkeypatch.delenv(TOKEN_ENV)
     with pytest.raises(ValueError, match=TOKEN_ENV):
         RewardPool(fleet_config([address]))
+
+
+def test_a_server_down_at_start_is_checked_before_its_first_job(servers, tmp_path, monkeypatch):
+    """A server that did not answer /health when the job started gets no job until its settings are
+    checked: one that comes up scoring with another mode stops the run instead of scoring for it."""
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    port = free_port()
+    with RewardPool(fleet_config([servers[0][1], f"127.0.0.1:{port}"])) as pool:
+        late = start_server(
+            tmp_path, "late", "--function", LATENCY, "--port", str(port), "--mode", "fraction"
+        )
+        try:
+            for i in range(100):
+                pool.submit(i, math_problem(i), answer(i))
+            with pytest.raises(RuntimeError, match=f"127.0.0.1:{port} scores with mode='fraction'"):
+                list(pool.results(100, timeout=120))
+            assert requests.get(f"http://{late[1]}/health", timeout=10).json()["scored"] == 0
+        finally:
+            stop(late[0])
 
 
 def test_endpoints_file_is_waited_for(servers, tmp_path, monkeypatch):
