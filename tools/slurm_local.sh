@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# A real single-node Slurm on this machine, for trying slurm/train.sbatch and for the Slurm test tier.
+# A real Slurm on this machine (a node with fake GPUs, CPU nodes for a reward fleet), for trying
+# slurm/train.sbatch and for the Slurm test tier.
 #
-#   tools/slurm_local.sh up      # install slurm-wlm + munge if missing, start munged, slurmctld, slurmd
+#   tools/slurm_local.sh up      # install slurm-wlm + munge if missing, start munged, slurmctld, slurmds
 #   export SLURM_CONF=$SLURM_BASE/etc/slurm.conf   # then sbatch / srun / squeue talk to it
-#   tools/slurm_local.sh down    # cancel its jobs, stop the three daemons by their PID files
+#   tools/slurm_local.sh down    # cancel its jobs, stop the daemons by their PID files
 #   tools/slurm_local.sh status
 #
 # Everything lives under $SLURM_BASE (config, munge key and socket, state, spool, logs, PID files), so a
@@ -18,6 +19,9 @@
 #   FAKE_GPUS       GPUs the local node advertises (GRES) (default 2; 0 = none)
 #   RENDER_NODES    nodes in the `render` partition       (default 32; 0 = no such partition)
 #   RENDER_GPUS     GPUs per render node                  (default 8)
+#   FLEET_NODES     nodes in the `cpu` partition          (default 1; 0 = no such partition)
+#   FLEET_SLURMD_PORT  port of the first of them          (default SLURMD_PORT + 1; then +1 each)
+#   RENDER_CPU_NODES   DOWN 64-CPU nodes in `render-cpu`  (default 8; 0 = no such partition)
 #   FIRST_JOB_ID    first job id                          (default 1; two clusters on one host should
 #                   differ: jobs derive their rendezvous port from their id)
 #
@@ -28,6 +32,12 @@
 # Why a `render` partition: the big recipes ask for 8 to 32 nodes of 8 GPUs. Its nodes are DOWN (nothing
 # answers on their port), so a job there is parsed and checked against the partition by the real
 # controller, then stays pending; `sbatch --hold` + `scontrol show job` reads back what Slurm understood.
+#
+# Why a `cpu` partition: a recipe with a reward fleet (reward.fleet_nodes) is a heterogeneous job whose
+# second component runs `megatron-rl reward-server` on CPU nodes. Its nodes (cpu01, ...) are more slurmd
+# processes on this machine (`slurmd -N cpu01`, each on its own port, with its own spool, log and PID
+# file): real nodes to the controller, sharing this machine's CPUs. `render-cpu` is the DOWN counterpart
+# of `render` for the big recipes' fleets.
 set -euo pipefail
 
 B=${SLURM_BASE:-/tmp/megatron-rl-slurm}
@@ -37,11 +47,16 @@ FAKE_GPUS=${FAKE_GPUS:-2}
 RENDER_NODES=${RENDER_NODES:-32}
 RENDER_GPUS=${RENDER_GPUS:-8}
 FIRST_JOB_ID=${FIRST_JOB_ID:-1}
+FLEET_NODES=${FLEET_NODES:-1}
+FLEET_SLURMD_PORT=${FLEET_SLURMD_PORT:-$((SLURMD_PORT + 1))}
+RENDER_CPU_NODES=${RENDER_CPU_NODES:-8}
 export SLURM_CONF="$B/etc/slurm.conf"
 
 die() { echo "slurm_local.sh: $*" >&2; exit 1; }
 alive() { [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+fleet_node() { printf 'cpu%02d' "$1"; }
+slurmd_pids() { local f; for f in "$B"/run/slurmd-*.pid; do [[ -e "$f" ]] && echo "$f"; done; }
 
 install_if_missing() {
   command -v slurmctld >/dev/null && command -v munged >/dev/null && return 0
@@ -81,11 +96,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$B/munge/munge.socket
 StateSaveLocation=$B/state
-SlurmdSpoolDir=$B/spool
+SlurmdSpoolDir=$B/spool/%n
 SlurmctldPidFile=$B/run/slurmctld.pid
-SlurmdPidFile=$B/run/slurmd.pid
+SlurmdPidFile=$B/run/slurmd-%n.pid
 SlurmctldLogFile=$B/log/slurmctld.log
-SlurmdLogFile=$B/log/slurmd.log
+SlurmdLogFile=$B/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -107,6 +122,17 @@ GresTypes=gpu
 $nodeline NodeAddr=127.0.0.1 State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
+  # The fleet's nodes: more slurmds on this machine, each with its own port (`slurmd -N NAME` in up).
+  local cpus names=() i
+  cpus=$(slurmd -C | head -1 | grep -o 'CPUs=[0-9]*')
+  for i in $(seq 1 "$FLEET_NODES"); do
+    names+=("$(fleet_node "$i")")
+    echo "NodeName=$(fleet_node "$i") $cpus RealMemory=4000 NodeAddr=127.0.0.1 NodeHostname=$host" \
+      "Port=$((FLEET_SLURMD_PORT + i - 1)) State=UNKNOWN" >>"$SLURM_CONF"
+  done
+  if [[ "$FLEET_NODES" -gt 0 ]]; then
+    echo "PartitionName=cpu Nodes=$(IFS=,; echo "${names[*]}") Default=NO MaxTime=INFINITE State=UP" >>"$SLURM_CONF"
+  fi
   if [[ "$FAKE_GPUS" -gt 0 ]]; then
     mkdir -p "$B/fakegpu"
     for i in $(seq 0 $((FAKE_GPUS - 1))); do
@@ -123,6 +149,12 @@ NodeName=render[001-$(printf %03d "$RENDER_NODES")] CPUs=128 RealMemory=2000000 
 PartitionName=render Nodes=render[001-$(printf %03d "$RENDER_NODES")] Default=NO MaxTime=INFINITE State=UP
 CONF
   fi
+  if [[ "$RENDER_CPU_NODES" -gt 0 ]]; then
+    cat >>"$SLURM_CONF" <<CONF
+NodeName=render-cpu[001-$(printf %03d "$RENDER_CPU_NODES")] CPUs=64 RealMemory=256000 NodeAddr=127.0.0.1 Port=9 State=DOWN Reason=render_check_only
+PartitionName=render-cpu Nodes=render-cpu[001-$(printf %03d "$RENDER_CPU_NODES")] Default=NO MaxTime=INFINITE State=UP
+CONF
+  fi
 }
 
 up() {
@@ -133,13 +165,19 @@ up() {
   start_munge
   write_conf
   alive "$B/run/slurmctld.pid" || slurmctld -f "$SLURM_CONF"
-  alive "$B/run/slurmd.pid" || slurmd -f "$SLURM_CONF"
+  local host i n=0 want
+  host=$(hostname -s)
+  alive "$B/run/slurmd-$host.pid" || slurmd -f "$SLURM_CONF"
+  for i in $(seq 1 "$FLEET_NODES"); do
+    alive "$B/run/slurmd-$(fleet_node "$i").pid" || slurmd -f "$SLURM_CONF" -N "$(fleet_node "$i")"
+  done
+  want=$((1 + FLEET_NODES))
   for _ in $(seq 1 100); do
-    state=$(sinfo -h -n "$(hostname -s)" -p debug -o '%T' 2>/dev/null | head -1 || true)
-    [[ "$state" == idle ]] && break
+    n=$(sinfo -h -N -p "debug$([[ $FLEET_NODES -gt 0 ]] && echo ,cpu)" -t idle -o '%N' 2>/dev/null | sort -u | wc -l || true)
+    [[ "$n" -eq "$want" ]] && break
     sleep 0.1
   done
-  [[ "$state" == idle ]] || die "node not idle after 10 s (state '$state'); see $B/log/slurmctld.log and slurmd.log"
+  [[ "$n" -eq "$want" ]] || die "$n of $want nodes idle after 10 s; see $B/log/slurmctld.log and $B/log/slurmd-*.log"
   echo "slurm_local.sh: up in $(ms_since "$t0") ms; export SLURM_CONF=$SLURM_CONF"
 }
 
@@ -157,9 +195,9 @@ down() {
       done
     fi
   fi
-  # All three at once, then wait: stopping them one by one costs seconds each.
+  # All daemons at once, then wait: stopping them one by one costs seconds each.
   local -a pids=() files=()
-  for f in "$B/run/slurmd.pid" "$B/run/slurmctld.pid" "$B/munge/munged.pid"; do
+  for f in $(slurmd_pids) "$B/run/slurmctld.pid" "$B/munge/munged.pid"; do
     alive "$f" || continue
     p=$(cat "$f")
     kill "$p"
@@ -178,7 +216,7 @@ down() {
 
 status() {
   local f
-  for f in "$B/munge/munged.pid" "$B/run/slurmctld.pid" "$B/run/slurmd.pid"; do
+  for f in "$B/munge/munged.pid" "$B/run/slurmctld.pid" $(slurmd_pids); do
     if alive "$f"; then echo "$(basename "$f" .pid): pid $(cat "$f")"; else echo "$(basename "$f" .pid): stopped"; fi
   done
   alive "$B/run/slurmctld.pid" && sinfo
@@ -189,5 +227,5 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) die "usage: $0 up|down|status   (settings via SLURM_BASE, SLURMCTLD_PORT, SLURMD_PORT, FAKE_GPUS, RENDER_NODES)" ;;
+  *) die "usage: $0 up|down|status   (settings: the header of this file)" ;;
 esac

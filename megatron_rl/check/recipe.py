@@ -127,7 +127,9 @@ def memory_problems(run: Run) -> list[Problem]:
 
 # Which kinds each command refuses (the rest it may print as notes).
 REFUSES = {
-    "run": ("recipe", "driver", "memory", "files", "unknown"),  # the driver, before building anything
+    # The driver, before building anything; "launch": what only the job's launch provides (the endpoints
+    # of the reward fleet slurm/train.sbatch starts), so neither validate nor submit notes it.
+    "run": ("recipe", "driver", "memory", "files", "unknown", "launch"),
     # Wherever validate or submit runs; `blocking` adds the paths where they must be readable from here.
     "validate": ("recipe", "driver", "memory"),
     # The planner models future layouts and shows memory that does not fit, but needs the model's shape.
@@ -169,7 +171,7 @@ def notes(problems: list[Problem], purpose: str, blocked: list[Problem] = ()) ->
     nothing is silently skipped."""
     out = []
     for p in problems:
-        if p.kind not in REFUSES[purpose] and p not in blocked:
+        if p.kind not in REFUSES[purpose] and p not in blocked and p.kind != "launch":
             if p.kind in ("files", "unknown"):
                 out.append(f"not checked here: {p}; the driver checks it before building anything")
             else:

@@ -436,6 +436,27 @@ def _remote_reward(run) -> list[Problem]:
                 f"serve reward.kind=sandbox or function; this recipe has kind={r.kind}",
             )
         )
+    if r.fleet_nodes and r.kind not in ("sandbox", "function"):
+        out.append(
+            _problem(
+                run,
+                "reward.fleet_nodes",
+                f"is a fleet of reward servers, which serve reward.kind=sandbox or function; this recipe has "
+                f"kind={r.kind}: set reward.fleet_nodes=0",
+            )
+        )
+    elif r.fleet_nodes and not (r.endpoints or r.endpoints_file):  # the job's own fleet, not started here
+        out.append(
+            _problem(
+                run,
+                "reward.fleet_nodes",
+                "asks for a reward fleet this job starts, and no reward.endpoints or reward.endpoints_file "
+                "says where it runs: submit with `megatron-rl submit` (slurm/train.sbatch starts the fleet "
+                "on the job's CPU nodes and hands the ranks its endpoints), give reward.endpoints of servers "
+                "already running, or set reward.fleet_nodes=0 to score on local sandboxes",
+                kind="launch",
+            )
+        )
     if r.kind == "http" and not re.match(r"https?://[^/\s]+", r.url):
         out.append(_problem(run, "reward.url", "must be an http(s) URL of the judge for reward.kind=http"))
     if r.kind != "http" and r.url:

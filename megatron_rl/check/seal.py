@@ -67,9 +67,13 @@ def _version() -> str:
 def seal(cfg) -> str:
     """The digest of a composed recipe (`RecipeConfig`) and of the files its data check reads."""
     files = _files(str(cfg.data.source)) + _files(str(cfg.model.hf_checkpoint or ""))
+    recipe = asdict(cfg)
+    # Where the job's own reward fleet listens is added by slurm/train.sbatch after the check; it reads
+    # no file the check reads (the ranks check the endpoints themselves: reward/remote.py).
+    recipe["reward"]["endpoints_file"] = ""
     body = {
         "version": _version(),
-        "recipe": asdict(cfg),
+        "recipe": recipe,
         "files": [_identity(p) for p in files],
     }
     text = json.dumps(body, sort_keys=True, default=str)

@@ -4,7 +4,10 @@ recipe, checked first.
 The recipe's cluster group says how many nodes and GPUs per node the job asks for and how long; its
 layout says how many ranks it starts. They must agree before anything is queued: a 256-GPU job that
 waits hours for its allocation and then dies on a world-size assertion is what this command prevents.
-It prints the exact sbatch command (to copy, edit or rerun by hand), then submits it. A login node sees
+It prints the exact sbatch command (to copy, edit or rerun by hand), then submits it. A recipe whose job
+starts its own reward fleet (reward.fleet_nodes without reward.endpoints) becomes a heterogeneous job:
+the GPU nodes, then `:` and the fleet's CPU nodes, whole, one reward-server task each
+(slurm/train.sbatch starts them and hands the ranks their endpoints). A login node sees
 the file system its jobs see, so a path the recipe names that cannot be read here (a mistyped checkpoint
 or data path) refuses the submission, naming it; `--remote-paths` says such paths live on storage only
 the compute nodes see, and they are noted instead.
@@ -43,6 +46,10 @@ class SlurmRequest:
     partition: str = ""
     account: str = ""
     container_image: str = ""
+    # The job's own reward fleet, a second component (0 nodes: none): whole CPU nodes on its partition.
+    fleet_nodes: int = 0
+    fleet_cpus_per_node: int = 0
+    fleet_partition: str = ""
 
     @property
     def tasks(self) -> int:
@@ -50,7 +57,9 @@ class SlurmRequest:
 
 
 def request_from_recipe(recipe: RecipeConfig) -> SlurmRequest:
-    c = recipe.cluster
+    c, r = recipe.cluster, recipe.reward
+    own_fleet = r.fleet_nodes if not (r.endpoints or r.endpoints_file) else 0  # else it runs already
+    cpus, partition = r.fleet_cpus_per_node, r.fleet_partition
     return SlurmRequest(
         job_name=recipe.name,
         nodes=c.nodes,
@@ -59,6 +68,9 @@ def request_from_recipe(recipe: RecipeConfig) -> SlurmRequest:
         partition=c.partition,
         account=c.account,
         container_image=c.container_image,
+        fleet_nodes=own_fleet,
+        fleet_cpus_per_node=cpus if own_fleet else 0,
+        fleet_partition=partition if own_fleet else "",
     )
 
 
@@ -74,7 +86,8 @@ def sbatch_command(
     """The sbatch argv: the request as flags (they override the script's #SBATCH defaults), then the script
     with the recipe and overrides, which the script hands to every rank. `run_name` (MEGATRON_RL_RUN_NAME)
     is exported by name, so the printed command carries it and a site that exports nothing by default
-    still names the run: the job continues the run of that name (loop/record/names.py)."""
+    still names the run: the job continues the run of that name (loop/record/names.py). With a fleet,
+    its component follows a `:` (the script's #SBATCH lines and `extra` apply to the first component)."""
     cwd = Path.cwd() if cwd is None else cwd
     cmd = [
         "sbatch",
@@ -102,6 +115,17 @@ def sbatch_command(
     if exports:
         cmd.append("--export=" + ",".join(["ALL", *exports]))
     cmd += list(extra or [])
+    if req.fleet_nodes:
+        cmd += [
+            ":",
+            f"--nodes={req.fleet_nodes}",
+            "--ntasks-per-node=1",
+            f"--cpus-per-task={req.fleet_cpus_per_node}",
+            "--exclusive",
+            f"--time={req.time_limit}",
+        ]
+        cmd += [f"--partition={req.fleet_partition}"] if req.fleet_partition else []
+        cmd += [f"--account={req.account}"] if req.account else []
     return [*cmd, script, recipe_arg, *overrides]
 
 
@@ -182,7 +206,9 @@ def main(argv: list[str]) -> int:
         return 2
     os.makedirs(args.log_dir, exist_ok=True)  # Slurm cannot open a log in a missing folder
     env = dict(os.environ)
-    if not problems:  # checked in full here, the problem set included: the ranks trust it (check/seal.py)
+    # Checked in full here, the problem set included: the ranks trust it (check/seal.py). The fleet's
+    # endpoints ("launch") are the job's to provide.
+    if not [p for p in problems if p.kind != "launch"]:
         env[SEAL_ENV] = seal(recipe)
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     sys.stderr.write(done.stderr)

@@ -277,10 +277,15 @@ class RewardConfig:
     # Pool sizing for the planner: cores in the scoring pool and seconds per sample.
     pool_cores: int = 2
     seconds_per_sample: float = 0.5
-    # A reward fleet's size for the planner: `fleet_nodes` CPU nodes of `fleet_cpus_per_node` CPUs score in
-    # place of reward.pool_cores (0: no fleet); `megatron-rl plan` says when they are the bottleneck.
+    # A reward fleet of `fleet_nodes` CPU nodes of `fleet_cpus_per_node` CPUs (0: none). Without
+    # reward.endpoints(_file), the job starts it: `megatron-rl submit` asks Slurm for them as a second
+    # component of a heterogeneous job on `fleet_partition` (empty: the cluster's default partition), and
+    # slurm/train.sbatch runs a reward-server on each and hands the ranks their endpoints. With endpoints
+    # given, the fleet is one already running and these keys only size it for the planner, which scores
+    # with it in place of reward.pool_cores and says when it is the bottleneck.
     fleet_nodes: int = 0
     fleet_cpus_per_node: int = 64
+    fleet_partition: str = ""
 
 
 @dataclass

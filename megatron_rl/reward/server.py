@@ -24,6 +24,7 @@ import hmac
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 from pathlib import Path
@@ -181,10 +182,10 @@ class ScoreService:
         return Starlette(routes=[Route("/health", health), Route("/score", score, methods=["POST"])])
 
 
-def serve(pool, token: str, host: str, port: int, capacity: int, port_file: str = "", ready=None) -> None:
-    """Serve until SIGINT/SIGTERM. `port` 0 takes a free one; `port_file` receives "host:port" once the
-    socket listens (written whole, then renamed: a reader never sees half of it); `ready(address)` is
-    called then too."""
+def serve(pool, token: str, host: str, port: int, capacity: int, port_file: str = "", ready=None) -> int:
+    """Serve until SIGINT/SIGTERM; the samples scored. `port` 0 takes a free one; `port_file` receives
+    "host:port" once the socket listens (written whole, then renamed: a reader never sees half of it);
+    `ready(address)` is called then too."""
     import uvicorn
 
     service = ScoreService(pool, token, capacity)
@@ -200,7 +201,16 @@ def serve(pool, token: str, host: str, port: int, capacity: int, port_file: str 
     if ready is not None:
         ready(address)
     config = uvicorn.Config(service.app(), log_level="warning", access_log=False, timeout_keep_alive=30)
-    uvicorn.Server(config).run(sockets=[sock])
+    # uvicorn stops gracefully on SIGINT/SIGTERM, then raises the signal again to the handler it found:
+    # a no-op here, so a stop (Ctrl-C, or slurm/train.sbatch at the job's end) returns and the caller
+    # closes the sandboxes, instead of a KeyboardInterrupt traceback or a death by SIGTERM.
+    before = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    return service.scored
 
 
 def advertised_host(host: str) -> str:

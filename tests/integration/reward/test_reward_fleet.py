@@ -198,9 +198,14 @@ def test_endpoints_file_is_waited_for(servers, tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap missing: run sudo tools/setup_system.sh")
-def test_the_sandbox_itself_is_served(tmp_path, monkeypatch):
-    proc, address = start_server(tmp_path, "sb", "--workers", "1")
+def test_the_sandbox_itself_is_served_as_a_recipe_says_and_stops_cleanly(tmp_path, monkeypatch):
+    """Started as slurm/train.sbatch starts a job's fleet: from the recipe and its overrides, whose reward
+    settings it serves (the recipe's client checks them); SIGINT stops it with exit 0 and its count."""
+    recipe = ["grpo_tiny_cpu", "reward.timeout_s=9"]
+    proc, address = start_server(tmp_path, "sb", "--workers", "1", *recipe)
     try:
+        h = requests.get(f"http://{address}/health", timeout=10).json()
+        assert (h["kind"], h["mode"], h["timeout_s"], h["memory_mb"]) == ("sandbox", "fraction", 9.0, 512)
         monkeypatch.setenv(TOKEN_ENV, TOKEN)
         tests = "assert f(1) == 2\n"
         problem = Problem(id="inc", prompt="p", tests=tests, entry_point="f")
@@ -209,11 +214,21 @@ def test_the_sandbox_itself_is_served(tmp_path, monkeypatch):
             "def f(x):\n    return x\n",
             "import os\ndef f(x):\n    os._exit(0)\n",
         ]
-        with RewardPool(RewardConfig(kind="sandbox", endpoints=[address])) as pool:
+        cfg = RewardConfig(kind="sandbox", mode="fraction", timeout_s=9.0, endpoints=[address])
+        with RewardPool(cfg) as pool:
             results = pool.score([problem] * 3, code)
         assert [(r.status, r.reward) for r in results] == [("passed", 1.0), ("failed", 0.0), ("crashed", 0.0)]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+        log = (tmp_path / "sb.log").read_text()
+        assert f"reward-server on {address} stopped after scoring 3 samples" in log and "Traceback" not in log
     finally:
         stop(proc)
+    both = subprocess.run(
+        [sys.executable, "-m", "megatron_rl.cli", "reward-server", "--mode", "fraction", *recipe],
+        cwd=REPO, env={**os.environ, TOKEN_ENV: TOKEN}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert both.returncode == 2 and "give a recipe or --mode, not both" in both.stderr, both.stderr
 
 
 class _Judge(http.server.BaseHTTPRequestHandler):

@@ -1,11 +1,12 @@
-"""A real Slurm for the test session: munged, slurmctld and slurmd on localhost, state in a temp dir.
+"""A real Slurm for the test session: munged, slurmctld and slurmds on localhost, state in a temp dir.
 
 `tools/slurm_local.sh` does the work (installing Debian's slurm-wlm and munge when missing); this
 fixture picks free ports and a random first job id, so the cluster can run next to another test
 session's, and stops the daemons it started by their PID files when the session ends. The node
 advertises 2 fake GPUs (GRES on /dev/null clones), so `--gpus-per-node=2` is accepted on this CPU
 machine; a `render` partition of 32 DOWN 8-GPU nodes takes held jobs, so the big recipes' sbatch
-commands can be checked by the real controller without running them.
+commands can be checked by the real controller without running them. A second slurmd on this machine is
+node cpu01 of the `cpu` partition, where a job's reward fleet runs (`render-cpu`: its DOWN counterpart).
 """
 
 from __future__ import annotations
@@ -67,7 +68,13 @@ class SlurmCluster:
         return out.split(";")[0]
 
     def job(self, job_id: str) -> dict[str, str]:
-        return parse_job(self.run(["scontrol", "show", "job", "-o", job_id]).stdout)
+        """The job, or a heterogeneous job's first component (where its batch script runs)."""
+        return self.components(job_id)[0]
+
+    def components(self, job_id: str) -> list[dict[str, str]]:
+        """Each component of a heterogeneous job (one line each, in offset order); a plain job's one."""
+        out = self.run(["scontrol", "show", "job", "-o", job_id]).stdout
+        return [parse_job(line) for line in out.splitlines() if line.strip()]
 
     def wait(
         self, job_id: str, timeout: float, until=lambda j: j["JobState"] in DONE_STATES
@@ -102,6 +109,8 @@ def slurm(tmp_path_factory) -> SlurmCluster:
         "FAKE_GPUS": "2",
         "RENDER_NODES": "32",
         "RENDER_GPUS": "8",
+        "FLEET_NODES": "1",  # cpu01 in the `cpu` partition: a reward fleet's node (test_slurm_train.py)
+        "FLEET_SLURMD_PORT": str(free_port()),
         # Jobs derive their rendezvous port from the id: keep clear of another session's cluster.
         "FIRST_JOB_ID": str(random.randrange(1000, 19000, 100)),
     }
@@ -121,9 +130,9 @@ def slurm(tmp_path_factory) -> SlurmCluster:
     }
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MEGATRON_RL_ENTRY"):
         cluster_env.pop(key, None)  # an outer launcher's values would win over the job's own
-    pids = [
-        (base / p).read_text().strip() for p in ("munge/munged.pid", "run/slurmctld.pid", "run/slurmd.pid")
-    ]
+    daemons = [base / "munge/munged.pid", base / "run/slurmctld.pid", *sorted(base.glob("run/slurmd-*.pid"))]
+    pids = [p.read_text().strip() for p in daemons]
+    assert len(pids) == 4, f"munged, slurmctld and two slurmds (the GPU node, cpu01): {daemons}"
     try:
         yield SlurmCluster(base=base, env=cluster_env)
     finally:

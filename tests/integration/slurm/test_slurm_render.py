@@ -94,3 +94,36 @@ def test_a_layout_that_does_not_fit_is_refused_before_sbatch(slurm, tmp_path):
     assert "trainer world tp x pp x dp x cp = 8 must equal" in proc.stderr and "= 16" in proc.stderr
     assert "set cluster.nodes=1" in proc.stderr
     assert slurm.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split() == before, "nothing was queued"
+
+
+def test_a_recipe_with_its_own_fleet_is_a_heterogeneous_job_slurm_schedules(slurm, tmp_path):
+    name = "grpo_qwen2.5-32b_32n8g"
+    fleet = ["reward.fleet_nodes=4", "reward.fleet_cpus_per_node=64", "reward.fleet_partition=render-cpu"]
+    cli = [sys.executable, "-m", "megatron_rl.cli", "submit", name, "cluster.partition=render", *fleet]
+    printed = slurm.run([*cli, "--dry-run", "--remote-paths"], cwd=tmp_path).stdout.strip()
+    (tmp_path / "logs").mkdir()
+    job_id = slurm.sbatch(["--hold", *shlex.split(printed)[1:]], cwd=tmp_path)
+    try:
+        gpus, cpus = slurm.components(job_id)
+    finally:
+        slurm.run(["scancel", job_id])
+    assert gpus["HetJobId"] == cpus["HetJobId"] == job_id and (
+        gpus["HetJobOffset"],
+        cpus["HetJobOffset"],
+    ) == (
+        "0",
+        "1",
+    )
+    assert (gpus["Partition"], gpus["NumNodes"].split("-")[0], gpus["TresPerNode"]) == (
+        "render",
+        "32",
+        "gres:gpu:8",
+    )
+    assert (cpus["Partition"], cpus["NumNodes"].split("-")[0], cpus["NumTasks"]) == ("render-cpu", "4", "4")
+    assert cpus["CPUs/Task"] == "64" and cpus["OverSubscribe"] == "NO", "whole CPU nodes, one server each"
+    assert "TresPerNode" not in cpus or "gpu" not in cpus["TresPerNode"], "the fleet asks for no GPU"
+    assert seconds(cpus["TimeLimit"]) == seconds(gpus["TimeLimit"])
+    assert (
+        gpus["Command"]
+        == f"{REPO / 'slurm' / 'train.sbatch'} {name} cluster.partition=render {' '.join(fleet)}"
+    )

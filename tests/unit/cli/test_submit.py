@@ -142,3 +142,40 @@ def test_a_run_name_that_cannot_name_a_folder_is_refused(bad, capsys, monkeypatc
     assert "cannot name a run" in capsys.readouterr().err
     with pytest.raises(ValueError, match="one folder name"):
         run_name(load_recipe("grpo_tiny_cpu"))
+
+
+def test_a_fleet_the_job_starts_is_a_second_component_of_whole_cpu_nodes():
+    fleet = ["reward.fleet_nodes=4", "reward.fleet_cpus_per_node=96", "reward.fleet_partition=cpu"]
+    name = "grpo_qwen2.5-32b_32n8g"
+    recipe = load_recipe(name, ["cluster.partition=gpu", "cluster.account=proj7", *fleet])
+    cmd = sbatch_command(request_from_recipe(recipe), name, fleet, extra=["--qos=high"], cwd=REPO_ROOT)
+    first, second = cmd[: cmd.index(":")], cmd[cmd.index(":") + 1 :]
+    assert cmd.count(":") == 1 and second[-5:] == ["slurm/train.sbatch", name, *fleet]
+    f, g = flags(first), flags(second[:-5])
+    assert (f["nodes"], f["gpus-per-node"], f["partition"], f["qos"]) == ("32", "8", "gpu", "high")
+    assert g == {
+        "nodes": "4",
+        "ntasks-per-node": "1",
+        "cpus-per-task": "96",
+        "time": recipe.cluster.time_limit,
+        "partition": "cpu",
+        "account": "proj7",
+    }
+    assert "--exclusive" in second and "--gpus-per-node" not in " ".join(second)
+    # A fleet that already runs (its endpoints given) is the planner's to size, not the job's to start.
+    given = load_recipe(name, [*fleet, "reward.endpoints=[cpu1:8471]"])
+    assert ":" not in sbatch_command(request_from_recipe(given), name, [], cwd=REPO_ROOT)
+
+
+def test_a_fleet_recipe_run_outside_its_job_is_refused_and_one_of_another_kind_everywhere():
+    from megatron_rl.check.recipe import notes, refused
+
+    own = check_recipe(load_recipe("grpo_tiny_cpu", ["reward.fleet_nodes=1"]))
+    assert [p.key for p in refused(own, "validate")] == [] and notes(own, "validate") == []
+    (p,) = [p for p in refused(own, "run") if p.key == "reward.fleet_nodes"]
+    assert "megatron-rl submit" in p.message and "reward.fleet_nodes=0" in p.message
+    started = check_recipe(load_recipe("grpo_tiny_cpu", ["reward.fleet_nodes=1", "reward.endpoints_file=f"]))
+    assert "reward.fleet_nodes" not in [p.key for p in started]
+    judged = ["reward.fleet_nodes=1", "reward.kind=http", "reward.url=http://judge:80"]
+    (p,) = [p for p in refused(check_recipe(load_recipe("grpo_tiny_cpu", judged)), "validate")]
+    assert p.key == "reward.fleet_nodes" and "kind=http" in p.message
