@@ -61,3 +61,25 @@ def test_tiny_recipe_trains_through_submit_scored_by_its_own_fleet(slurm, tmp_pa
     ]
     assert log.index("reward fleet: 1 of 1") < log.index("megatron-rl train grpo_tiny_cpu")
     assert not (REPO / ".megatron-rl-fleet").exists(), "the fleet's endpoint files go with the job"
+
+
+def test_a_fleet_that_cannot_start_stops_the_job_before_any_rank(slurm, tmp_path):
+    """A token the servers refuse (too short): the fleet ends at once, and the job with it, exit 1."""
+    fleet = ["reward.fleet_nodes=1", "reward.fleet_cpus_per_node=2", "reward.fleet_partition=cpu"]
+    cli = [
+        sys.executable,
+        "-m",
+        "megatron_rl.cli",
+        "submit",
+        "grpo_tiny_cpu",
+        *fleet,
+        f"--log-dir={tmp_path}",
+    ]
+    out = slurm.run(cli, cwd=REPO, env={"MEGATRON_RL_REWARD_TOKEN": "short"}).stdout
+    job_id = re.search(r"submitted job (\d+);", out).group(1)
+    job = slurm.wait(job_id, timeout=300)
+    log = slurm.log(job)
+    assert (job["JobState"], job["ExitCode"]) == ("FAILED", "1:0"), log[-4000:]
+    assert "MEGATRON_RL_REWARD_TOKEN is 5 characters; use at least 16" in log, log[-4000:]
+    assert "the reward fleet ended (exit 2) with 0 of 1 server(s) listening: no rank started" in log
+    assert "megatron-rl train" not in log and not (REPO / ".megatron-rl-fleet").exists()
