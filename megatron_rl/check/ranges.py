@@ -194,6 +194,9 @@ NUMERIC: dict[str, tuple] = {
     "cluster.node_mtbf_days": _gt(0, 1e6),
     "cluster.allreduce_latency_us": _ge(0, 1e8),
     "cluster.dist_timeout_s": _ge(MIN_DIST_TIMEOUT_S, DAY_S),
+    "cluster.preflight_gemm_fraction": (0, 1, True, True),  # 0: the test always passes
+    "cluster.preflight_memory_fraction": (0, 1, True, True),
+    "cluster.preflight_allreduce_fraction": (0, 1, True, True),
     "plan.train_mfu": FRACTION,
     "plan.generation_bw_fraction": FRACTION,
     "plan.target_hours": _gt(0, 24 * 365 * 10),

@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "megatron_rl.cli.doctor:main",
         "check the versions a run needs to agree (torch, CUDA, TE, vLLM)",
     ),
+    "preflight": (
+        "megatron_rl.cli.preflight:main",
+        "measure each node (matmul, memory, NVML, all-reduce) against the recipe's cluster figures",
+    ),
 }
 
 

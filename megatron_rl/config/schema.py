@@ -392,6 +392,13 @@ class ClusterConfig:
     # Process-group timeout: fast ranks wait in a collective for the slowest (an engine finishing a
     # 16k-token completion), so it must exceed the longest phase.
     dist_timeout_s: float = 1800.0
+    # `megatron-rl preflight` (run by slurm/train.sbatch before the ranks): the fraction of the figures
+    # above each node must reach: its matmul rate of peak_tflops_bf16, its copy bandwidth of
+    # hbm_bandwidth_tbps, its all-reduce bus bandwidth of nvlink_gbps (in the node) and of the NIC
+    # bandwidth per GPU (across nodes). Healthy H100s reach about 0.6-0.75, 0.8-0.9 and 0.4-0.5.
+    preflight_gemm_fraction: float = 0.5
+    preflight_memory_fraction: float = 0.6
+    preflight_allreduce_fraction: float = 0.3
 
 
 @dataclass

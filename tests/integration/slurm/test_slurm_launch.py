@@ -164,3 +164,26 @@ def test_a_gpu_recipe_on_nodes_without_cuda_stops_at_the_doctor(slurm, tmp_path)
     assert job["ExitCode"] == "2:0", log
     assert "refused: CUDA: cluster h100_80gb is a GPU cluster (gpu=h100) but CUDA is unavailable here" in log
     assert "doctor refused this job (exit 2): no rank started" in log and "CHECK_DIST" not in log
+
+
+def test_a_node_below_the_preflight_figures_stops_the_job_named(slurm, tmp_path):
+    """The preflight runs on both tasks after the doctor; asked for the whole of a matmul rate no CPU has
+    (1000 TFLOPS), it fails this node, names it with the exclude to resubmit with, and ends the job with
+    exit 3 before the ranks' entry; its JSON has one entry per node with each figure."""
+    over = ["cluster.peak_tflops_bf16=1000", "cluster.preflight_gemm_fraction=1"]
+    job_id = slurm.sbatch(
+        [*TWO_RANKS, SBATCH, "grpo_tiny_cpu", *over], cwd=tmp_path, env={"MEGATRON_RL_ENTRY": CHECK}
+    )
+    job = slurm.wait(job_id, timeout=120)
+    log = slurm.log(job)
+    assert job["ExitCode"] == "3:0", log
+    node = job["NodeList"]
+    out = json.loads(
+        next(line for line in log.splitlines() if line.startswith("PREFLIGHT ")).removeprefix("PREFLIGHT ")
+    )
+    assert [n["host"] for n in out["nodes"]] == [node] and out["exclude"] == [node], out
+    (entry,) = out["nodes"]
+    assert entry["ranks"] == [0, 1] and not entry["passed"] and 0 < entry["gemm_tflops"] < 1000
+    assert entry["memory_gbps"] > 0 and entry["allreduce_intra_gbps"] > 0, entry
+    assert f"preflight failed node(s) {node}: no rank started" in log and f"--exclude={node}" in log
+    assert "CHECK_DIST" not in log

@@ -60,6 +60,11 @@ def test_tiny_recipe_trains_through_submit_scored_by_its_own_fleet(slurm, tmp_pa
         -4000:
     ]
     assert log.index("reward fleet: 1 of 1") < log.index("megatron-rl train grpo_tiny_cpu")
+    # Both tasks were measured first, against the recipe's (CPU) cluster figures, and passed.
+    preflight = log.index("megatron-rl preflight: 1 node(s), 2 rank(s), cluster cpu_2core")
+    assert preflight < log.index("megatron-rl train grpo_tiny_cpu"), log[-4000:]
+    verdict = json.loads(re.search(r"^PREFLIGHT (.*)$", log, re.M).group(1))
+    assert verdict["passed"] and verdict["nodes"][0]["host"] == job["NodeList"], verdict
     assert not (REPO / ".megatron-rl-fleet").exists(), "the fleet's endpoint files go with the job"
 
 
