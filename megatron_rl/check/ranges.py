@@ -193,6 +193,9 @@ NUMERIC: dict[str, tuple] = {
     "cluster.storage_gbps": _gt(0, 1e7),
     "cluster.node_mtbf_days": _gt(0, 1e6),
     "cluster.allreduce_latency_us": _ge(0, 1e8),
+    "cluster.gpu_hour_usd": _ge(0, 1e4),
+    "cluster.spot_gpu_hour_usd": _ge(0, 1e4),
+    "cluster.spot_preemptions_per_node_day": _ge(0, 1e3),
     "cluster.dist_timeout_s": _ge(MIN_DIST_TIMEOUT_S, DAY_S),
     "cluster.preflight_gemm_fraction": (0, 1, True, True),  # 0: the test always passes
     "cluster.preflight_memory_fraction": (0, 1, True, True),

@@ -381,6 +381,12 @@ class ClusterConfig:
     nics_per_node: int = 8
     storage_gbps: float = 20.0  # GB/s total, shared storage
     node_mtbf_days: float = 20.0
+    # Prices for `megatron-rl plan`'s cost section, per GPU-hour in US dollars: on-demand, and spot
+    # (0: no spot option) with how often the provider takes back one spot node per day. 0 on-demand:
+    # the plan shows GPU-hours instead of dollars.
+    gpu_hour_usd: float = 0.0
+    spot_gpu_hour_usd: float = 0.0
+    spot_preemptions_per_node_day: float = 0.0
     # Latency of one collective of the trainer's process groups inside a node (NCCL over NVLink: a few
     # microseconds; gloo between processes sharing CPU cores: a millisecond). The planner charges it per
     # tensor-parallel collective of the trainer's passes, so small models avoid TP where it costs.

@@ -101,6 +101,9 @@ class Hardware:
     is_cpu: bool
     allreduce_latency_s: float = 8e-6  # one small all-reduce inside a node (cluster.allreduce_latency_us)
     host_link_bytes_per_s: float = HOST_LINK_BYTES_PER_S
+    gpu_hour_usd: float = 0.0  # on-demand; 0 = not priced
+    spot_gpu_hour_usd: float = 0.0  # 0 = no spot option
+    spot_preemptions_per_node_day: float = 0.0
 
     @property
     def gpus(self) -> int:
@@ -259,6 +262,9 @@ def inputs_from_run(run) -> PlanInputs:
         node_mtbf_s=c.node_mtbf_days * 86400.0,
         is_cpu=not run.on_gpu,
         allreduce_latency_s=c.allreduce_latency_us * 1e-6,
+        gpu_hour_usd=c.gpu_hour_usd,
+        spot_gpu_hour_usd=c.spot_gpu_hour_usd,
+        spot_preemptions_per_node_day=c.spot_preemptions_per_node_day,
     )
     assume = Assumptions(
         train_mfu=p.train_mfu,

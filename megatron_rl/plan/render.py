@@ -5,6 +5,7 @@ One function per section, each reading the typed PlanReport (report_types.py) an
 
 from __future__ import annotations
 
+from megatron_rl.plan.cost import render_cost
 from megatron_rl.plan.report_types import PlanReport
 from megatron_rl.plan.wording import count, every, noun
 from megatron_rl.plan.wording import num as _f
@@ -447,6 +448,10 @@ def _reliability(r: PlanReport) -> list[str]:
     return L
 
 
+def _cost(r: PlanReport) -> list[str]:
+    return render_cost(r.cost)
+
+
 def _target(r: PlanReport) -> list[str]:
     tg = r.target
     L = ["", "9. Target"]
@@ -488,7 +493,7 @@ def _search(r: PlanReport) -> list[str]:
         return []
     L = [
         "",
-        f"10. Layout search over {count(sr.gpus, 'GPU')}: {count(sr.evaluated, 'candidate layout')}; ranked "
+        f"11. Layout search over {count(sr.gpus, 'GPU')}: {count(sr.evaluated, 'candidate layout')}; ranked "
         f"by step time, {count(sr.accepted, 'fitting option')} (a separated layout counts as sync and as async)",
     ]
     L += _rows(
@@ -523,6 +528,7 @@ SECTIONS = (
     _memory,
     _reliability,
     _target,
+    _cost,
     _calibration,
     _search,
     _dominant,

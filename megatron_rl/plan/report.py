@@ -16,6 +16,7 @@ from megatron_rl.plan import generation as gen_mod
 from megatron_rl.plan import memory as mem_mod
 from megatron_rl.plan import reliability as rel_mod
 from megatron_rl.plan.alltoall import step_alltoall
+from megatron_rl.plan.cost import cost
 from megatron_rl.plan.cycle import Cycle, cycle
 from megatron_rl.plan.flops import (
     critic_flops,
@@ -430,6 +431,7 @@ def build_report(
         memory_gib=_memory(inp, layout, own.memory),
         reliability=rel,
         target=target,
+        cost=cost(inp, layout, step.step_s, restart),
         meets_target=target.predicted_hours <= inp.assume.target_hours and own.memory["fits"],
         dominant=_dominant(inp, own, gpu_s, step),
         calibrated=calibration is not None,

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from megatron_rl.plan.cost import Cost
 from megatron_rl.plan.cycle import Cycle
 from megatron_rl.plan.generation import Generation
 from megatron_rl.plan.inputs import GIB
@@ -535,6 +536,7 @@ class PlanReport:
     memory_gib: MemoryReport
     reliability: Reliability
     target: Target
+    cost: Cost
     meets_target: bool
     dominant: Dominant
     calibrated: bool

@@ -91,7 +91,8 @@ def test_text_report_states_units_and_sections(report):
         "7. Memory per GPU",
         "8. Checkpoints",
         "9. Target",
-        "10. Layout search",
+        "10. Cost",
+        "11. Layout search",
         "Which phase dominates",
     ):
         assert section in text

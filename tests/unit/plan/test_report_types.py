@@ -45,6 +45,7 @@ TOP = [
     "memory_gib",
     "reliability",
     "target",
+    "cost",
     "meets_target",
     "dominant",
     "calibrated",
