@@ -42,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--from-steps", metavar="F", help="steps.jsonl of a run: replace assumed phase times with measured"
     )
+    p.add_argument(
+        "--recovery",
+        metavar="F",
+        help="benchmarks/recovery.py's JSON: plan failures with its measured detection, requeue and start-up",
+    )
     p.add_argument("--no-search", action="store_true", help="skip the layout search")
     p.add_argument("--top", type=int, default=10, help="layouts to list from the search (default 10)")
     return p
@@ -56,6 +61,21 @@ def _clean(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return x
+
+
+def _recovery(path: str) -> tuple[float, str]:
+    from megatron_rl.plan.reliability import restart_from_recovery
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise PlanError(
+            f"--recovery {path}: not readable JSON ({e}); write it with benchmarks/recovery.py"
+        ) from e
+    try:
+        return restart_from_recovery(data, path)
+    except ValueError as e:
+        raise PlanError(f"--recovery {e}") from e
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         cal = None
         if args.from_steps:
             cal = calibrate(inp, layout, cycle(inp, layout), summarize(read_steps(args.from_steps)))
-        report = build_report(inp, layout, calibration=cal, with_search=not args.no_search, top=args.top)
+        recovery = _recovery(args.recovery) if args.recovery else None
+        report = build_report(
+            inp, layout, calibration=cal, with_search=not args.no_search, top=args.top, recovery=recovery
+        )
     except (PlanError, RecipeNotFound, RecipeError) as e:
         print(f"megatron-rl plan: {e}", file=sys.stderr)
         return 2

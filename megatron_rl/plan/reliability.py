@@ -27,6 +27,31 @@ from megatron_rl.plan.memory import optimizer_bytes_per_param
 RESTART_FIXED_S = 300.0
 
 
+# The parts of a restart benchmarks/recovery.py measures that the planner takes (the checkpoint read is
+# modelled from the recipe's bytes, the lost work from its interval: the tiny run's do not scale).
+RECOVERY_PARTS = ("detection_s", "requeue_s", "startup_s")
+
+
+def restart_from_recovery(measured: dict, source: str) -> tuple[float, str]:
+    """The restart (seconds) and its description from benchmarks/recovery.py's JSON; a part that is
+    missing or not a finite number >= 0 is refused by name (a restart that cannot be read is not 0)."""
+    parts = {}
+    for key in RECOVERY_PARTS:
+        v = measured.get(key) if isinstance(measured, dict) else None
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise ValueError(
+                f"{source}: {key}={v!r} is not a measured number of seconds; rerun benchmarks/recovery.py "
+                f"(it writes {', '.join(RECOVERY_PARTS)})"
+            )
+        parts[key] = float(v)
+    how = measured.get("requeue_source", "requeue")
+    text = (
+        f"measured ({source}): detection {parts['detection_s']:.1f} s + requeue {parts['requeue_s']:.1f} s "
+        f"({how}) + start-up {parts['startup_s']:.1f} s"
+    )
+    return sum(parts.values()), text
+
+
 def checkpoint(inp: PlanInputs, layout: ParallelLayout) -> dict:
     s = inp.spec
     params = s.num_params(s.padded_vocab(layout.tp))

@@ -68,7 +68,7 @@ def _header(r: PlanReport) -> list[str]:
         f"{a.generation_bw_fraction:.0%} of peak HBM bandwidth; prefix sharing "
         f"{'on' if a.prefix_sharing else 'off'}; runtime {a.trainer_runtime_gib:g} GiB trainer / "
         f"{a.engine_runtime_gib:g} GiB engine per GPU; TP all-reduce {a.decode_allreduce_latency_s * 1e6:g} us; "
-        f"host link {a.host_link_gbps:g} GB/s; restart {a.restart_s:.0f} s",
+        f"host link {a.host_link_gbps:g} GB/s; restart {a.restart_s:.0f} s ({a.restart_source})",
     ]
 
 

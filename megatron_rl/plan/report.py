@@ -184,7 +184,9 @@ def _dominant(inp: PlanInputs, c: Cycle, gpu_s: GpuSeconds, step: Cycle) -> Domi
     return Dominant(gpu_seconds=by_work, wall=by_wall, work_gpu_s=work, wall_s=wall, why=" ".join(parts))
 
 
-def _assumptions(inp: PlanInputs, layout: ParallelLayout, restart_s: float) -> Assumptions:
+def _assumptions(
+    inp: PlanInputs, layout: ParallelLayout, restart_s: float, restart_source: str
+) -> Assumptions:
     a, where = inp.assume, "cpu" if inp.hw.is_cpu else "gpu"
     return Assumptions(
         train_mfu=a.train_mfu,
@@ -196,6 +198,7 @@ def _assumptions(inp: PlanInputs, layout: ParallelLayout, restart_s: float) -> A
         max_num_seqs=gen_mod.max_num_seqs(inp, layout.engine_tp),
         host_link_gbps=HOST_LINK_BYTES_PER_S / 1e9,
         restart_s=restart_s,
+        restart_source=restart_source,
     )
 
 
@@ -390,20 +393,25 @@ def build_report(
     calibration: dict | None = None,
     with_search: bool = True,
     top: int = 10,
+    recovery: tuple[float, str] | None = None,
 ) -> PlanReport:
     """Everything the planner knows about a recipe on its layout; `calibration` from calibrate().
 
     Calibrated, the step that runs (its phases, cycle, reliability and target) is the measured one,
-    and the splits table and the overlapped option are the calibrated what-ifs.
+    and the splits table and the overlapped option are the calibrated what-ifs. `recovery`: the restart
+    (seconds, description) from reliability.restart_from_recovery, else the run's measured init or the
+    assumed RESTART_FIXED_S.
     """
     own = cycle(inp, layout)
     splits = compare_splits(inp, layout)
     step = own if calibration is None else calibration["cycle"]
     rows = splits if calibration is None else calibration["what_if"]
     overlap = _overlap_option(step, rows)  # from the calibrated what-ifs when measured
-    restart = rel_mod.RESTART_FIXED_S
-    if calibration is not None and calibration["init_s"] is not None:
-        restart = calibration["init_s"]
+    restart, restart_source = rel_mod.RESTART_FIXED_S, "assumed"
+    if recovery is not None:  # benchmarks/recovery.py's measured parts
+        restart, restart_source = recovery
+    elif calibration is not None and calibration["init_s"] is not None:
+        restart, restart_source = calibration["init_s"], "the run's measured init phase"
     rel_d = rel_mod.reliability(inp, layout, step.step_s, restart_fixed_s=restart)
     rel = from_dict(Reliability, rel_d, checkpoint=from_dict(Checkpoint, rel_d["checkpoint"]))
     target = _target(inp, layout, step.step_s, rel, restart)
@@ -412,7 +420,7 @@ def build_report(
     return PlanReport(
         recipe=inp.name,
         units=Units(),
-        assumptions=_assumptions(inp, layout, restart),
+        assumptions=_assumptions(inp, layout, restart, restart_source),
         model=_model(inp),
         cluster=_cluster(inp),
         layout=CycleRow.of(own),

@@ -95,6 +95,7 @@ class Assumptions:
     max_num_seqs: int
     host_link_gbps: float
     restart_s: float
+    restart_source: str  # assumed, the run's measured init (--from-steps) or benchmarks/recovery.py's parts
     completion_lengths: str = "mean for the bulk; the longest completion reaches the cap"
 
 

@@ -170,3 +170,19 @@ def test_tools_check_logprobs_publishes_samples_and_agrees(tmp_path):
     assert out["sequences"] == 2 * 2 * 2, "2 engines x 2 prompts x 2 samples"
     assert out["tokens"] > 0 and out["max_abs_diff"] <= out["thresholds"]["max_gap"]
     assert out["thresholds"]["trainer_dtype"] == out["thresholds"]["engine_dtype"] == "fp32"
+
+
+@needs_bwrap
+@pytest.mark.vllm
+def test_recovery_benchmark_kills_a_rank_and_times_the_resume():
+    """benchmarks/recovery.py --smoke: rank 1 of the tiny run killed with SIGKILL in step 3; the rerun
+    resumes from a checkpoint and redoes step 3 (and step 2 when its asynchronous save was still being
+    written). Every part is measured and they add up to the total."""
+    out = last_json(bench("recovery.py", "--smoke").stdout)
+    assert out["killed"]["rank"] == 1 and out["killed"]["in_step"] == 3 and out["second_run_exit"] == 0
+    assert out["resumed_at_step"] in (1, 2) and out["lost_steps"] == 2 - out["resumed_at_step"]
+    for part in ("detection_s", "startup_s", "checkpoint_load_s", "rerun_s"):
+        assert out[part] > 0, part
+    assert out["requeue_source"] == "relaunch on this machine" and out["requeue_s"] == out["relaunch_s"]
+    parts = ("detection_s", "requeue_s", "startup_s", "checkpoint_load_s", "rerun_s")
+    assert out["total_s"] == pytest.approx(sum(out[p] for p in parts))

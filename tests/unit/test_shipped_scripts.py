@@ -14,6 +14,7 @@ SMOKE = {
     "benchmarks/peer_trl.py": "tests/integration/test_script_smoke.py",
     "benchmarks/reshard.py": "tests/dist/test_script_smoke.py",
     "benchmarks/reward_fleet.py": "tests/integration/reward/test_reward_fleet.py",
+    "benchmarks/recovery.py": "tests/integration/test_script_smoke.py",
     "benchmarks/rollout.py": "tests/integration/test_script_smoke.py",
     "benchmarks/routing_replay.py": "tests/integration/rollout/test_routing_replay.py",
     "benchmarks/sandbox.py": "tests/integration/test_script_smoke.py",

@@ -9,6 +9,7 @@ any of those again.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -297,13 +298,15 @@ def resume(
     dist.broadcast_object_list(box, src=0, group=procs.cpu_group)  # every rank loads the same checkpoint
     if box[0] is None:
         return 0, None
+    t0 = time.perf_counter()
     state = load(Path(box[0]), procs.rank, policy, reference, task, critic)
+    load_s = time.perf_counter() - t0
     log_.resumed(state.get("records"))  # its W&B run, continued when the checkpoint is this run's own
     # A rerun under the same name lands here (checkpoint.resume=auto): say so, and how not to.
     again = (
         " (a run of the same name; another MEGATRON_RL_RUN_NAME starts afresh)" if c.resume == "auto" else ""
     )
-    log_.say(f"resumed from {box[0]} at step {state['step']}{again}")
+    log_.say(f"resumed from {box[0]} at step {state['step']} (loaded in {load_s:.2f} s){again}")
     return int(state["step"]), state.get("carry")
 
 
