@@ -124,20 +124,20 @@ def measure() -> list:
         return [mine]
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=300))
     try:
-        cpu = dist.new_group(backend="gloo")
+        cpu_group = dist.new_group(backend="gloo")
         hosts: list = [None] * env.world_size
-        dist.all_gather_object(hosts, mine.host, group=cpu)
+        dist.all_gather_object(hosts, mine.host, group=cpu_group)
         order = list(dict.fromkeys(hosts))
         for host in order:  # every rank creates every node's group, in the same order
             members = [r for r, h in enumerate(hosts) if h == host]
             group = dist.new_group(members)
             if host == mine.host and len(members) > 1:
                 mine.intra_gbps = pf.allreduce_gbps(group, len(members), device)
-        dist.barrier(group=cpu)
+        dist.barrier(group=cpu_group)
         if len(order) > 1:
             mine.inter_gbps = pf.allreduce_gbps(None, env.world_size, device)
         everyone: list = [None] * env.world_size
-        dist.all_gather_object(everyone, asdict(mine), group=cpu)
+        dist.all_gather_object(everyone, asdict(mine), group=cpu_group)
     finally:
         dist.destroy_process_group()
     return [pf.RankFigures(**r) for r in everyone]
