@@ -76,17 +76,19 @@ def _records(steps_file: Path) -> list[dict]:
     return out
 
 
-def _wait(cond, proc: subprocess.Popen, what: str, timeout: float = 900.0):
+def _wait(cond, proc: subprocess.Popen | None, what: str, timeout: float = 900.0, every: float = POLL_S):
+    """Poll `cond` until it gives something true; a run (`proc`) that ends first, or the timeout, stops
+    the benchmark naming what it waited for."""
     deadline = time.monotonic() + timeout
     while True:
         got = cond()
         if got:
             return got
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             raise SystemExit(f"recovery: the run ended (exit {proc.returncode}) while waiting for {what}")
         if time.monotonic() > deadline:
             raise SystemExit(f"recovery: no {what} after {timeout:.0f} s")
-        time.sleep(POLL_S)
+        time.sleep(every)
 
 
 def _rank_pid(launcher: int, rank: int) -> int:
@@ -206,23 +208,15 @@ def slurm_requeue() -> dict:
             )
             return out.stdout.strip()
 
-        _poll(lambda: state() == "RUNNING", "the job to run")
+        _wait(lambda: state() == "RUNNING", None, "the job to run", 600, 0.1)
         t0 = time.monotonic()
         subprocess.run(["scontrol", "requeue", job], env=env, check=True, capture_output=True)
-        _poll(lambda: state() not in ("RUNNING", ""), "the requeue to take")
-        _poll(lambda: state() == "RUNNING", "the requeued job to run again")
+        _wait(lambda: state() not in ("RUNNING", ""), None, "the requeue to take", 600, 0.1)
+        _wait(lambda: state() == "RUNNING", None, "the requeued job to run again", 600, 0.1)
         return {"slurm_requeue_s": time.monotonic() - t0}
     finally:
         subprocess.run(["scancel", job], env=env, capture_output=True) if "job" in locals() else None
         subprocess.run(["bash", str(REPO / "tools/slurm_local.sh"), "down"], env=env, capture_output=True)
-
-
-def _poll(cond, what: str, timeout: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"recovery: no {what} after {timeout:.0f} s")
-        time.sleep(0.1)
 
 
 def _free_ports(n: int) -> list[int]:
