@@ -22,6 +22,7 @@ verdict (`judge`) is a pure function of the figures, so the rule is tested witho
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -91,6 +92,16 @@ def _below(name: str, got: float, want: float, fraction: float, unit: str, where
     return f"{name} {got:.3g} {unit}{where} < {fraction:g} x {want:.3g} {unit} expected"
 
 
+def _rank_key(x: float) -> float:
+    """Sort key for the slowest: a figure that is not a finite number (a timer or a device gone wrong)
+    ranks below every measured one, so it is the one judged, and fails."""
+    return x if math.isfinite(x) else -math.inf
+
+
+def _worst(xs: list[float]) -> float:
+    return min(xs, key=_rank_key)
+
+
 def judge(ranks: list[RankFigures], expect: Expected) -> tuple[list[NodeVerdict], list[str]]:
     """Each node's verdict, and the job's failures no node can be blamed for (the inter-node ring)."""
     by_host: dict[str, list[RankFigures]] = {}
@@ -98,13 +109,13 @@ def judge(ranks: list[RankFigures], expect: Expected) -> tuple[list[NodeVerdict]
         by_host.setdefault(r.host, []).append(r)
     nodes = []
     for host, rs in by_host.items():
-        slow_gemm = min(rs, key=lambda r: r.gemm_tflops)
-        slow_copy = min(rs, key=lambda r: r.memory_gbps)
+        slow_gemm = min(rs, key=lambda r: _rank_key(r.gemm_tflops))
+        slow_copy = min(rs, key=lambda r: _rank_key(r.memory_gbps))
         intra = [r.intra_gbps for r in rs if r.intra_gbps is not None]
         figures = {
             "gemm_tflops": slow_gemm.gemm_tflops,
             "memory_gbps": slow_copy.memory_gbps,
-            "allreduce_intra_gbps": min(intra) if intra else None,
+            "allreduce_intra_gbps": _worst(intra) if intra else None,
             "nvml": [r.nvml for r in rs] if any(r.nvml is not None for r in rs) else None,
         }
         v = NodeVerdict(host, [r.rank for r in rs], figures)
@@ -113,7 +124,7 @@ def judge(ranks: list[RankFigures], expect: Expected) -> tuple[list[NodeVerdict]
                    f" on {slow_gemm.device}"),
             _below("memory copy", slow_copy.memory_gbps, expect.memory_gbps, expect.memory_fraction, "GB/s",
                    f" on {slow_copy.device}"),
-            _below("all-reduce in the node", min(intra), expect.intra_gbps, expect.allreduce_fraction, "GB/s",
+            _below("all-reduce in the node", _worst(intra), expect.intra_gbps, expect.allreduce_fraction, "GB/s",
                    "") if intra else None,
         ):  # fmt: skip
             if problem:
@@ -125,7 +136,7 @@ def judge(ranks: list[RankFigures], expect: Expected) -> tuple[list[NodeVerdict]
     job: list[str] = []
     inter = [r.inter_gbps for r in ranks if r.inter_gbps is not None]
     if inter:
-        problem = _below("all-reduce across nodes", min(inter), expect.inter_gbps, expect.allreduce_fraction,
+        problem = _below("all-reduce across nodes", _worst(inter), expect.inter_gbps, expect.allreduce_fraction,
                          "GB/s", "")  # fmt: skip
         if problem:
             job.append(problem)

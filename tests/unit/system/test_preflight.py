@@ -104,3 +104,18 @@ def test_bad_input_is_refused_before_anything_is_measured(capsys):
         assert main(["grpo_qwen2.5-7b_1n8g"]) == 2
         assert "CUDA is unavailable" in capsys.readouterr().err
     assert main(["grpo_tiny_cpu", "--ranks", "0"]) == 2 and "--ranks 0" in capsys.readouterr().err
+
+
+def test_a_figure_that_is_not_a_number_fails_its_node():
+    """A NaN rate (a timer or a device gone wrong) is no proof of health: below every threshold."""
+    nan = float("nan")
+    # On any rank of the node (a healthy one beside it must not hide it), in every test.
+    ranks = [healthy(0, "a"), healthy(1, "a", gemm_tflops=nan, memory_gbps=nan, intra_gbps=nan)]
+    ((node,), _) = pf.judge(ranks, EXPECT)
+    assert [f.split(" ")[:3] for f in node.failures] == [
+        ["gemm", "nan", "TFLOPS"],
+        ["memory", "copy", "nan"],
+        ["all-reduce", "in", "the"],
+    ], node.failures
+    two = [healthy(r, f"n{r // 2}", inter_gbps=nan if r == 3 else 45.0) for r in range(4)]
+    assert pf.judge(two, EXPECT)[1] == ["all-reduce across nodes nan GB/s < 0.3 x 50 GB/s expected"]
