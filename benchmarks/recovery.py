@@ -1,7 +1,7 @@
 """Recovery from a lost rank, measured: kill -9 of one rank mid-step until the resumed run finishes the
 step it was killed in.
 
-    python benchmarks/recovery.py [--steps N] [--kill-after K] [--slurm] [--smoke]
+    python benchmarks/recovery.py [--steps N] [--kill-after K] [--slurm | --spares] [--smoke]
 
 The tiny recipe runs on this machine as `megatron-rl run` runs it (torchrun, 2 ranks, a checkpoint
 after every step, asynchronous), named so that a rerun resumes. Once step K's record is written and
@@ -21,6 +21,13 @@ each from the wall clock of this process (step records are polled every 20 ms):
 `total_s` = detection + requeue + startup + load + rerun, with `requeue_s` the Slurm requeue when
 measured (`requeue_source` says which). `megatron-rl plan --recovery FILE` plans failures with these
 parts. Prints one JSON object. `--smoke`: 4 steps, killed after 2 (the suite's run).
+
+`--spares`: the same kill in a Slurm job with a spare node (cluster.spare_nodes=1; the run on 2 one-GPU
+nodes of a local Slurm's `sim` partition, one rank each), where slurm/train.sbatch leaves the killed
+rank's node out and starts the run again on the spare as a new job step of the same job. The parts are
+read from the job's log as this process sees its lines appear: `detection_s` until the script names the
+failed rank, `requeue_s` until it starts the new step (the failover's decision: no queue wait), then
+start-up, load and rerun as above.
 """
 
 from __future__ import annotations
@@ -181,21 +188,7 @@ def measure(steps: int, kill_after: int, tmp: Path) -> dict:
 def slurm_requeue() -> dict:
     """`scontrol requeue` of a running job on a local Slurm of this script's own, until it runs again."""
     base = Path(tempfile.mkdtemp(prefix="recovery-slurm-"))
-    ports = [str(p) for p in _free_ports(3)]
-    env = {
-        **os.environ,
-        "SLURM_BASE": str(base),
-        "SLURMCTLD_PORT": ports[0],
-        "SLURMD_PORT": ports[1],
-        "FLEET_SLURMD_PORT": ports[2],
-        "FLEET_NODES": "0",
-    }
-    up = subprocess.run(
-        ["bash", str(REPO / "tools/slurm_local.sh"), "up"], env=env, capture_output=True, text=True
-    )
-    if up.returncode != 0:
-        raise SystemExit(f"recovery: the local Slurm did not start:\n{up.stdout}\n{up.stderr}")
-    env["SLURM_CONF"] = str(base / "etc" / "slurm.conf")
+    env = _local_slurm(base)
     try:
         job = subprocess.run(
             ["sbatch", "--parsable", "--requeue", "--time=5", f"--output={base}/job.log", "--wrap", "sleep 300"],
@@ -219,6 +212,112 @@ def slurm_requeue() -> dict:
         subprocess.run(["bash", str(REPO / "tools/slurm_local.sh"), "down"], env=env, capture_output=True)
 
 
+def _local_slurm(base: Path, sim_nodes: int = 0) -> dict:
+    """A local Slurm of this script's own (tools/slurm_local.sh) under `base`: its environment."""
+    ports = [str(p) for p in _free_ports(3)]
+    env = {
+        **os.environ,
+        "SLURM_BASE": str(base),
+        "SLURMCTLD_PORT": ports[0],
+        "SLURMD_PORT": ports[1],
+        "FLEET_SLURMD_PORT": ports[2],
+        "FLEET_NODES": "0",
+        "SIM_NODES": str(sim_nodes),
+        "RENDER_NODES": "0",
+        "RENDER_CPU_NODES": "0",
+    }
+    up = subprocess.run(
+        ["bash", str(REPO / "tools/slurm_local.sh"), "up"], env=env, capture_output=True, text=True
+    )
+    if up.returncode != 0:
+        raise SystemExit(f"recovery: the local Slurm did not start:\n{up.stdout}\n{up.stderr}")
+    env["SLURM_CONF"] = str(base / "etc" / "slurm.conf")
+    return env
+
+
+def measure_spares(steps: int, kill_after: int, tmp: Path) -> dict:
+    """Kill -9 of rank 1 mid-step in a Slurm job with a spare node, until the killed step's record is
+    written again by the run restarted on the spare (module docstring)."""
+    env = _local_slurm(tmp / "slurm", sim_nodes=3)
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHON=sys.executable, MEGATRON_RL_HOME=str(REPO))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    run = [*_command(tmp, steps)[4:], "layout.tp=1", "layout.dp=2", "optim.micro_batch_size=8"]
+    run += ["cluster.nodes=2", "cluster.gpus_per_node=1", "cluster.spare_nodes=1", "cluster.partition=sim"]
+    job = ""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "megatron_rl.cli", "submit", "grpo_tiny_cpu", *run, f"--log-dir={tmp}"],
+            env=env, cwd=REPO, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        job = re.search(r"submitted job (\d+)", out).group(1)
+        log = tmp / f"grpo_tiny_cpu-{job}.log"
+        steps_file = tmp / "outputs" / f"grpo_tiny_cpu-{job}" / "steps.jsonl"
+        text = lambda: log.read_text() if log.exists() else ""  # noqa: E731
+        seen: dict[int, float] = {}
+
+        def reached(n: int):
+            recs = _records(steps_file)
+            for r in recs:
+                seen.setdefault(r["step"], time.monotonic())
+            return recs if len(recs) >= n else None
+
+        recs = _wait(lambda: reached(kill_after), None, f"step {kill_after}'s record")
+        step_s = [r["step_seconds"] for r in recs if r["step"] > 1] or [recs[-1]["step_seconds"]]
+        mean_step = sum(step_s) / len(step_s)
+        time.sleep(mean_step / 2)
+        beat = json.loads((REPO / ".megatron-rl-exit" / job / "beat.rank1").read_text())
+        t_kill = time.monotonic()
+        os.kill(beat["pid"], signal.SIGKILL)
+        _wait(lambda: "ended first, with exit code" in text(), None, "the failed rank's line")
+        t_detected = time.monotonic()
+        killed_in = kill_after + 1
+        done_before = {r["step"]: r for r in _records(steps_file)}
+        if killed_in in done_before:
+            raise SystemExit(
+                f"recovery: step {killed_in} finished before the kill landed; raise --kill-after"
+            )
+        _wait(lambda: "(step 2 of this job)" in text(), None, "the restart on the spare")
+        t_restart = time.monotonic()
+        resumed = _wait(lambda: RESUMED.search(text()), None, "the resume line")
+        t_resumed = time.monotonic()
+        at_step, load_s = int(resumed.group(2)), float(resumed.group(3))
+        start = len(_records(steps_file))
+        _wait(
+            lambda: next((r for r in _records(steps_file)[start:] if r["step"] == killed_in), None),
+            None,
+            f"step {killed_in}'s record after the restart",
+        )
+        t_next = time.monotonic()
+        _wait(lambda: "megatron-rl job" in text() and " done, exit code" in text(), None, "the job's end")
+        exit_code = int(re.search(r" done, exit code (\d+)", text()).group(1))
+        redone = [done_before[s]["step_seconds"] for s in range(at_step + 1, kill_after + 1)]
+        partial = t_kill - seen[kill_after]
+        return {
+            "recipe": "grpo_tiny_cpu",
+            "ranks": 2,
+            "steps": steps,
+            "killed": {"rank": 1, "host": beat["host"], "in_step": killed_in, "after_s_of_it": partial},
+            "resumed_at_step": at_step,
+            "lost_steps": kill_after - at_step,
+            "lost_work_s": partial + sum(redone),
+            "step_s_mean": mean_step,
+            "detection_s": t_detected - t_kill,
+            "requeue_s": t_restart - t_detected,
+            "requeue_source": "a job step on a spare node (cluster.spare_nodes=1), no queue wait",
+            "startup_s": max(t_resumed - load_s - t_restart, 0.0),
+            "checkpoint_load_s": load_s,
+            "rerun_s": t_next - t_resumed,
+            "second_run_exit": exit_code,
+            "left_out": re.findall(r"== node (\S+) failed", text()),
+            "log": str(log),
+        }
+    finally:
+        if job:
+            subprocess.run(["scancel", job], env=env, capture_output=True)
+        subprocess.run(["bash", str(REPO / "tools/slurm_local.sh"), "down"], env=env, capture_output=True)
+
+
 def _free_ports(n: int) -> list[int]:
     import socket
 
@@ -238,6 +337,11 @@ def main(argv: list[str] | None = None) -> int:
         "--kill-after", type=int, default=3, help="kill rank 1 in the step after this one (default 3)"
     )
     p.add_argument("--slurm", action="store_true", help="also measure a real requeue on a local Slurm (root)")
+    p.add_argument(
+        "--spares",
+        action="store_true",
+        help="in a local Slurm job with a spare node: the restart on the spare",
+    )
     p.add_argument("--smoke", action="store_true", help="4 steps, killed after 2")
     p.add_argument("--dir", default="", help="where the runs write (default: a temporary folder)")
     args = p.parse_args(argv)
@@ -246,9 +350,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(
             f"--kill-after {kill_after}: give 1 to steps - 1 ({steps - 1}), so a checkpoint exists and a step is left"
         )
+    if args.slurm and args.spares:
+        p.error("--slurm and --spares measure two ways back: give one")
     tmp = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="recovery-"))
-    out = measure(steps, kill_after, tmp)
-    out["requeue_s"], out["requeue_source"] = out["relaunch_s"], "relaunch on this machine"
+    if args.spares:
+        out = measure_spares(steps, kill_after, tmp)
+    else:
+        out = measure(steps, kill_after, tmp)
+        out["requeue_s"], out["requeue_source"] = out["relaunch_s"], "relaunch on this machine"
     if args.slurm:
         out.update(slurm_requeue())
         out["requeue_s"], out["requeue_source"] = out["slurm_requeue_s"], "scontrol requeue on a local Slurm"

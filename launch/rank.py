@@ -12,8 +12,9 @@ Slurm's signals (USR1 before the time limit) with no wrapper process in between.
 MEGATRON_RL_EXIT_DIR is set (slurm/train.sbatch sets it), it stays as a small parent instead, only to
 record a rank's own failure: `srun --kill-on-bad-exit` terminates the other ranks when one fails and
 then reports the highest exit code (143, a terminated rank), which hides the failure that started it.
-The parent writes `<time> <code> <rank>` for a rank that exited non-zero on its own, so the batch
-script can propagate the first failure's exit code. Slurm signals every process of a step, so the
+The parent writes `<time> <code> <rank> <host>` for a rank that exited non-zero on its own, so the
+batch script can propagate the first failure's exit code and leave that rank's node out of the next
+attempt (megatron_rl/system/failover.py). Slurm signals every process of a step, so the
 parent does not forward signals; it only survives them.
 """
 
@@ -44,7 +45,7 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def run_and_record(cmd: list[str], exit_dir: Path, rank: int) -> int:
+def run_and_record(cmd: list[str], exit_dir: Path, rank: int, host: str) -> int:
     """Run the entry as a child; record its exit code if it failed by itself (not terminated by us)."""
     terminated = False
 
@@ -60,7 +61,7 @@ def run_and_record(cmd: list[str], exit_dir: Path, rank: int) -> int:
     code = 128 - code if code < 0 else code  # killed by signal N -> 128+N, as a shell reports it
     if code != 0 and not terminated:
         exit_dir.mkdir(parents=True, exist_ok=True)
-        (exit_dir / f"rank{rank}").write_text(f"{time.time():.6f} {code} {rank}\n")
+        (exit_dir / f"rank{rank}").write_text(f"{time.time():.6f} {code} {rank} {host}\n")
     return code
 
 
@@ -77,7 +78,9 @@ def main(argv: list[str]) -> int:
     cmd = entry_command(argv[0], argv[1:])
     exit_dir = os.environ.get("MEGATRON_RL_EXIT_DIR")
     if exit_dir:
-        return run_and_record(cmd, Path(exit_dir), dist.rank)
+        from megatron_rl.system.watchdog import host_name
+
+        return run_and_record(cmd, Path(exit_dir), dist.rank, host_name())
     os.execv(sys.executable, cmd)
     return 127  # not reached: execv replaces this process or raises
 

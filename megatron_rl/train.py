@@ -290,6 +290,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
+    from megatron_rl.system.failover import exit_code_for
     from megatron_rl.telemetry.console import run_guarded
 
-    sys.exit(run_guarded(main))  # errors reach the terminal while output goes to log.txt
+    # Errors reach the terminal while output goes to log.txt; a lost peer or a crashed engine exits with the
+    # code slurm/train.sbatch's failover reads (system/failover.py)
+    sys.exit(run_guarded(main, exit_code_for))

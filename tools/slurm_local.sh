@@ -22,6 +22,9 @@
 #   FLEET_NODES     nodes in the `cpu` partition          (default 1; 0 = no such partition)
 #   FLEET_SLURMD_PORT  port of the first of them          (default SLURMD_PORT + 1; then +1 each)
 #   RENDER_CPU_NODES   DOWN 64-CPU nodes in `render-cpu`  (default 8; 0 = no such partition)
+#   SIM_NODES       nodes of 1 fake GPU in the `sim` partition (default 0: none), for jobs that lose
+#                   nodes and continue on spares (sim01, ...)
+#   SIM_SLURMD_PORT port of the first of them             (default FLEET_SLURMD_PORT + FLEET_NODES)
 #   FIRST_JOB_ID    first job id                          (default 1; two clusters on one host should
 #                   differ: jobs derive their rendezvous port from their id)
 #
@@ -38,6 +41,10 @@
 # processes on this machine (`slurmd -N cpu01`, each on its own port, with its own spool, log and PID
 # file): real nodes to the controller, sharing this machine's CPUs. `render-cpu` is the DOWN counterpart
 # of `render` for the big recipes' fleets.
+#
+# Why a `sim` partition: a job spanning several nodes, some of them spares (cluster.spare_nodes), where a
+# test kills or stops one node's rank and the job goes on without that node. Its nodes are slurmds
+# like cpu01, each with one fake GPU of its own: to srun, --nodelist and --exclude, separate nodes.
 set -euo pipefail
 
 B=${SLURM_BASE:-/tmp/megatron-rl-slurm}
@@ -50,12 +57,15 @@ FIRST_JOB_ID=${FIRST_JOB_ID:-1}
 FLEET_NODES=${FLEET_NODES:-1}
 FLEET_SLURMD_PORT=${FLEET_SLURMD_PORT:-$((SLURMD_PORT + 1))}
 RENDER_CPU_NODES=${RENDER_CPU_NODES:-8}
+SIM_NODES=${SIM_NODES:-0}
+SIM_SLURMD_PORT=${SIM_SLURMD_PORT:-$((FLEET_SLURMD_PORT + FLEET_NODES))}
 export SLURM_CONF="$B/etc/slurm.conf"
 
 die() { echo "slurm_local.sh: $*" >&2; exit 1; }
 alive() { [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 fleet_node() { printf 'cpu%02d' "$1"; }
+sim_node() { printf 'sim%02d' "$1"; }
 slurmd_pids() { local f; for f in "$B"/run/slurmd-*.pid; do [[ -e "$f" ]] && echo "$f"; done; }
 
 install_if_missing() {
@@ -142,6 +152,19 @@ CONF
   else
     : >"$B/etc/gres.conf"
   fi
+  # The sim nodes: one fake GPU each (a device file of its own), a slurmd each on its own port.
+  names=()
+  for i in $(seq 1 "$SIM_NODES"); do
+    names+=("$(sim_node "$i")")
+    echo "NodeName=$(sim_node "$i") $cpus RealMemory=4000 Gres=gpu:1 NodeAddr=127.0.0.1 NodeHostname=$host" \
+      "Port=$((SIM_SLURMD_PORT + i - 1)) State=UNKNOWN" >>"$SLURM_CONF"
+    mkdir -p "$B/fakegpu"
+    [[ -e "$B/fakegpu/$(sim_node "$i")-nvidia0" ]] || mknod "$B/fakegpu/$(sim_node "$i")-nvidia0" c 1 3
+    echo "NodeName=$(sim_node "$i") Name=gpu File=$B/fakegpu/$(sim_node "$i")-nvidia0" >>"$B/etc/gres.conf"
+  done
+  if [[ "$SIM_NODES" -gt 0 ]]; then
+    echo "PartitionName=sim Nodes=$(IFS=,; echo "${names[*]}") Default=NO MaxTime=INFINITE State=UP" >>"$SLURM_CONF"
+  fi
   if [[ "$RENDER_NODES" -gt 0 ]]; then
     # Port 9 (discard): nothing answers, so these nodes stay DOWN and never run anything.
     cat >>"$SLURM_CONF" <<CONF
@@ -171,9 +194,15 @@ up() {
   for i in $(seq 1 "$FLEET_NODES"); do
     alive "$B/run/slurmd-$(fleet_node "$i").pid" || slurmd -f "$SLURM_CONF" -N "$(fleet_node "$i")"
   done
-  want=$((1 + FLEET_NODES))
+  for i in $(seq 1 "$SIM_NODES"); do
+    alive "$B/run/slurmd-$(sim_node "$i").pid" || slurmd -f "$SLURM_CONF" -N "$(sim_node "$i")"
+  done
+  want=$((1 + FLEET_NODES + SIM_NODES))
+  local parts=debug
+  [[ $FLEET_NODES -gt 0 ]] && parts=$parts,cpu
+  [[ $SIM_NODES -gt 0 ]] && parts=$parts,sim
   for _ in $(seq 1 100); do
-    n=$(sinfo -h -N -p "debug$([[ $FLEET_NODES -gt 0 ]] && echo ,cpu)" -t idle -o '%N' 2>/dev/null | sort -u | wc -l || true)
+    n=$(sinfo -h -N -p "$parts" -t idle -o '%N' 2>/dev/null | sort -u | wc -l || true)
     [[ "$n" -eq "$want" ]] && break
     sleep 0.1
   done

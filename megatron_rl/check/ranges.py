@@ -197,6 +197,8 @@ NUMERIC: dict[str, tuple] = {
     "cluster.spot_gpu_hour_usd": _ge(0, 1e4),
     "cluster.spot_preemptions_per_node_day": _ge(0, 1e3),
     "cluster.dist_timeout_s": _ge(MIN_DIST_TIMEOUT_S, DAY_S),
+    "cluster.spare_nodes": _ge(0, GPUS),
+    "cluster.max_restarts": _ge(0, 1000),
     "cluster.preflight_gemm_fraction": (0, 1, True, True),  # 0: the test always passes
     "cluster.preflight_memory_fraction": (0, 1, True, True),
     "cluster.preflight_allreduce_fraction": (0, 1, True, True),
@@ -212,6 +214,8 @@ NUMERIC: dict[str, tuple] = {
 RANGE_HINTS = {
     "cluster.dist_timeout_s": "seconds a rank may wait in a collective for the slowest rank; 1800 is the "
     "default, raise it for very long completions",
+    "cluster.spare_nodes": "nodes allocated beyond cluster.nodes, to replace a failed one; 0: none",
+    "cluster.max_restarts": "times a job starts the run again after a rank's failure; 0: never",
     "checkpoint.interval": "N > 0 steps, -1 for the planner's Young/Daly interval, 0 for never",
     "checkpoint.keep_last": "0 keeps every checkpoint",
     "logger.no_signal_steps": "steps in a row without a learning signal before the run says so; 0: never",

@@ -40,7 +40,7 @@ class SlurmRequest:
     """What the job asks Slurm for: one task per GPU on whole nodes."""
 
     job_name: str
-    nodes: int
+    nodes: int  # the run's nodes (cluster.nodes)
     gpus_per_node: int
     time_limit: str
     partition: str = ""
@@ -50,10 +50,16 @@ class SlurmRequest:
     fleet_nodes: int = 0
     fleet_cpus_per_node: int = 0
     fleet_partition: str = ""
+    # Nodes allocated beyond the run's, each ready to replace a node that fails (slurm/train.sbatch).
+    spare_nodes: int = 0
 
     @property
     def tasks(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def allocated_nodes(self) -> int:
+        return self.nodes + self.spare_nodes
 
 
 def request_from_recipe(recipe: RecipeConfig) -> SlurmRequest:
@@ -71,6 +77,7 @@ def request_from_recipe(recipe: RecipeConfig) -> SlurmRequest:
         fleet_nodes=own_fleet,
         fleet_cpus_per_node=cpus if own_fleet else 0,
         fleet_partition=partition if own_fleet else "",
+        spare_nodes=c.spare_nodes,
     )
 
 
@@ -92,7 +99,7 @@ def sbatch_command(
     cmd = [
         "sbatch",
         f"--job-name={req.job_name}",
-        f"--nodes={req.nodes}",
+        f"--nodes={req.allocated_nodes}",
         f"--gpus-per-node={req.gpus_per_node}",
         f"--ntasks-per-node={req.gpus_per_node}",
         f"--time={req.time_limit}",

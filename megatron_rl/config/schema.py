@@ -405,6 +405,12 @@ class ClusterConfig:
     preflight_gemm_fraction: float = 0.5
     preflight_memory_fraction: float = 0.6
     preflight_allreduce_fraction: float = 0.3
+    # Failures at scale (slurm/train.sbatch, megatron_rl/system/failover.py): `megatron-rl submit` asks for
+    # `nodes + spare_nodes` nodes; the run uses `nodes` of them. A node whose rank died, hung or failed the
+    # preflight is left out and the run continues from its newest checkpoint on a spare, as a new job step
+    # (no queue wait), at most `max_restarts` times per job.
+    spare_nodes: int = 0
+    max_restarts: int = 3
 
 
 @dataclass

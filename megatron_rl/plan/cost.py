@@ -1,7 +1,7 @@
 """The run's price: on-demand against spot capacity, each with the checkpoints and lost work it needs.
 
 The base is the issue every buyer asks first: steps x seconds per step / 3600 x GPUs x price per
-GPU-hour. The whole bill adds what failures cost (reliability.py): the start-up, the time saves block
+GPU-hour, the spare nodes' GPUs (cluster.spare_nodes) counted with the run's: they are rented all along. The whole bill adds what failures cost (reliability.py): the start-up, the time saves block
 training, and the expected lost work (half a checkpoint interval, the write in flight and a restart,
 per interruption). On-demand nodes are interrupted by their own failures (cluster.node_mtbf_days);
 spot nodes also by the provider taking them back (cluster.spot_preemptions_per_node_day), so a spot
@@ -42,12 +42,18 @@ class Capacity:
 
 @dataclass(frozen=True)
 class Cost:
-    gpus: int
+    gpus: int  # billed: the run's and the spares'
+    spare_gpus: int
     compute_hours: float  # steps x seconds per step / 3600: no failure, no save, no start-up
     compute_usd: float  # compute_hours x GPUs x the on-demand price
     on_demand: Capacity
     spot: Capacity | None  # None when the cluster names no spot price
     cheaper: str  # on_demand | spot
+
+
+def billed_gpus(inp: PlanInputs, layout: ParallelLayout) -> int:
+    """The GPUs the run pays for: its own and its spare nodes'."""
+    return layout.gpus + inp.hw.spare_nodes * inp.hw.gpus_per_node
 
 
 def _capacity(kind, price, inp, layout, step_s, restart_s, preemptions_per_node_day) -> Capacity:
@@ -66,7 +72,7 @@ def _capacity(kind, price, inp, layout, step_s, restart_s, preemptions_per_node_
         lost_hours=rel["expected_lost_s"] / 3600,
         save_hours=rel["save_overhead_s"] / 3600,
         hours=hours,
-        usd=hours * layout.gpus * price,
+        usd=hours * billed_gpus(inp, layout) * price,
     )
 
 
@@ -81,9 +87,10 @@ def cost(inp: PlanInputs, layout: ParallelLayout, step_s: float, restart_s: floa
             "spot", hw.spot_gpu_hour_usd, inp, layout, step_s, restart_s, hw.spot_preemptions_per_node_day
         )
     return Cost(
-        gpus=layout.gpus,
+        gpus=billed_gpus(inp, layout),
+        spare_gpus=billed_gpus(inp, layout) - layout.gpus,
         compute_hours=compute_hours,
-        compute_usd=compute_hours * layout.gpus * hw.gpu_hour_usd,
+        compute_usd=compute_hours * billed_gpus(inp, layout) * hw.gpu_hour_usd,
         on_demand=on_demand,
         spot=spot,
         cheaper="spot" if spot is not None and spot.usd < on_demand.usd else "on_demand",
@@ -112,14 +119,15 @@ def _line(c: Capacity, label: str) -> str:
 def render_cost(c: Cost) -> list[str]:
     """The report's cost section."""
     lines = ["", "10. Cost"]
+    spares = f" ({count(c.spare_gpus, 'spare GPU')} among them)" if c.spare_gpus else ""
     if c.on_demand.gpu_hour_usd <= 0:
         return lines + [
-            f"   {_h(c.compute_hours)} h x {count(c.gpus, 'GPU')} = {_h(c.compute_hours * c.gpus)} GPU-hours "
+            f"   {_h(c.compute_hours)} h x {count(c.gpus, 'GPU')}{spares} = {_h(c.compute_hours * c.gpus)} GPU-hours "
             "of steps; set cluster.gpu_hour_usd (and spot_gpu_hour_usd, spot_preemptions_per_node_day) "
             "to price them"
         ]
     lines.append(
-        f"   steps alone: {c.compute_hours:.1f} h x {count(c.gpus, 'GPU')} x ${c.on_demand.gpu_hour_usd:g} = "
+        f"   steps alone: {c.compute_hours:.1f} h x {count(c.gpus, 'GPU')}{spares} x ${c.on_demand.gpu_hour_usd:g} = "
         f"{_usd(c.compute_usd)}; with start-up, saves and the expected failures:"
     )
     lines.append(_line(c.on_demand, "on-demand"))

@@ -104,6 +104,7 @@ class Hardware:
     gpu_hour_usd: float = 0.0  # on-demand; 0 = not priced
     spot_gpu_hour_usd: float = 0.0  # 0 = no spot option
     spot_preemptions_per_node_day: float = 0.0
+    spare_nodes: int = 0  # allocated (and billed) beside the run's nodes, idle until one fails
 
     @property
     def gpus(self) -> int:
@@ -265,6 +266,7 @@ def inputs_from_run(run) -> PlanInputs:
         gpu_hour_usd=c.gpu_hour_usd,
         spot_gpu_hour_usd=c.spot_gpu_hour_usd,
         spot_preemptions_per_node_day=c.spot_preemptions_per_node_day,
+        spare_nodes=c.spare_nodes,
     )
     assume = Assumptions(
         train_mfu=p.train_mfu,

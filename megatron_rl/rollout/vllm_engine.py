@@ -53,6 +53,7 @@ from megatron_rl.rollout.process import (
 from megatron_rl.rollout.routes import EngineRoutes
 from megatron_rl.rollout.stream import Stream, append_delta, extended, to_sample
 from megatron_rl.rollout.types import LOGPROBS_MODES, Partial, Sample, SamplingSettings
+from megatron_rl.system.failover import EngineCrashed
 
 log = logging.getLogger(__name__)
 
@@ -376,9 +377,10 @@ class VLLMEngine(EngineWeights):
         try:
             while pending:
                 if not engine.has_unfinished_requests():
-                    raise RuntimeError(f"the engine dropped {len(pending)} requests without finishing them")
-                with preserved_rng():
-                    outputs = engine.step()
+                    raise EngineCrashed(
+                        f"the rollout engine dropped {len(pending)} requests without finishing them"
+                    )
+                outputs = self._step()
                 for out in outputs:
                     if out.request_id not in pending:
                         continue
@@ -445,8 +447,19 @@ class VLLMEngine(EngineWeights):
 
     def step_turns(self) -> list:
         """One engine step; the turns it finished (vLLM RequestOutputs, whole: FINAL_ONLY)."""
-        with preserved_rng():
-            return [out for out in self._engine.step() if out.finished]
+        return [out for out in self._step() if out.finished]
+
+    def _step(self) -> list:
+        """One step of the engine. Whatever it raises is the engine's failure, not the run's: the rank ends
+        with the exit code that makes the job continue on another node (system/failover.py)."""
+        try:
+            with preserved_rng():
+                return self._engine.step()
+        except Exception as e:
+            raise EngineCrashed(
+                f"the rollout engine crashed in its step ({type(e).__name__}: {e}); the run goes on from its "
+                "newest checkpoint when the job restarts it"
+            ) from e
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSettings | None = None):
         """All samples, ordered by (prompt, sample): the blocking form of generate_stream."""

@@ -209,7 +209,9 @@ def user_facing(e: BaseException) -> bool:
     return sandbox is not None and isinstance(e, sandbox.SandboxUnavailable)
 
 
-def run_guarded(main: Callable[[], int]) -> int:
+def run_guarded(
+    main: Callable[[], int], classify: Callable[[BaseException], tuple[int, str] | None] | None = None
+) -> int:
     """Run a rank's main so that its errors reach the terminal even while output goes to log.txt.
 
     An uncaught exception turns into exit code 1, with its full traceback in log.txt (ending in an
@@ -217,6 +219,9 @@ def run_guarded(main: Callable[[], int]) -> int:
     user-facing error (see `user_facing`) is one `error: ...` line from rank 0 only (every rank usually
     hits the same one); any other exception is rank 0's traceback and one line from each other rank. A
     SystemExit with a message is re-raised after the terminal is given back, so Python prints it there.
+    `classify` names the errors that are the machines' rather than the run's (a lost peer, a crashed
+    engine): each such rank prints its one line and exits with the code `classify` gives, which the
+    batch script's failover reads (system/failover.py).
     """
     try:
         return main()
@@ -227,6 +232,12 @@ def run_guarded(main: Callable[[], int]) -> int:
     except Exception as e:
         if _active is None:
             raise
+        known = classify(e) if classify is not None else None
+        if known is not None:
+            code, line = known
+            _active._log_only(traceback.format_exc().rstrip("\n"))
+            _active.error(f"error: {line}")
+            return code
         line = str(e).strip() or type(e).__name__
         if isinstance(e, OSError) and e.strerror:  # without the "[Errno 28] " in front
             line = f"{e.strerror}: {e.filename}" if e.filename else e.strerror

@@ -41,6 +41,8 @@ class RunLog:
         self.name, self.dir = run_dir.name, run_dir
         self.console, self.is_main, self.cpu_group = out, is_main, cpu_group
         self.timer = PhaseTimer()
+        self.timer.on_enter = self._entered  # also the phases timed inside components
+        self.watchdog = None  # system/watchdog.py, set by start_run: each phase entered is progress
         self.records: list[dict] = []
         self.switch_memory: dict[str, dict[str, float]] = {}
         self.switch_times: dict[str, float] = {}
@@ -97,7 +99,12 @@ class RunLog:
                 file=self.console.terminal,
                 name=self.recipe.algorithm.name,
             )
-            self.timer.on_enter = self.progress.phase  # also the phases timed inside components
+
+    def _entered(self, phase: str) -> None:
+        if self.watchdog is not None:
+            self.watchdog.progress(phase)
+        if self.progress is not None:
+            self.progress.phase(phase)
 
     def _open_wandb(self, continued: bool) -> None:
         lg = self.recipe.logger
@@ -159,7 +166,7 @@ class RunLog:
         if self.is_main:
             if self.progress:
                 self.progress.close()
-                self.timer.on_enter = None
+                self.progress = None
             if self.records:
                 from megatron_rl.telemetry.plots import plot_timeline
                 from megatron_rl.telemetry.report import closing_lines

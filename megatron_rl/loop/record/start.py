@@ -9,6 +9,7 @@ then the process groups, then the records' files, then a barrier.
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from megatron_rl.loop.placement.processes import Processes
 from megatron_rl.loop.record.names import run_name
 from megatron_rl.loop.record.records import RunLog
 from megatron_rl.parallel.dist_env import from_env
+from megatron_rl.system.watchdog import Watchdog
 from megatron_rl.telemetry import console
 
 
@@ -66,7 +68,17 @@ def start_run(run) -> tuple[Processes, RunLog]:
     out = console.start(run_dir / "log.txt", from_env().rank)
     if out.rank == 0:
         out.say(header(run, run_dir))
+    # From here no wait is endless: a heartbeat for the job's failover (its exit folder under Slurm) and an
+    # end to a rank that makes no progress for cluster.dist_timeout_s (system/watchdog.py)
+    beats = os.environ.get("MEGATRON_RL_EXIT_DIR")
+    watchdog = Watchdog(
+        recipe.cluster.dist_timeout_s,
+        out.rank,
+        Path(beats) if beats else None,
+        on_stuck=lambda line: out.error(f"error: {line}"),
+    )
     procs = Processes.start(run)
     runlog = RunLog(recipe, run_dir, out, procs.is_main, procs.cpu_group)
+    runlog.watchdog = watchdog
     dist.barrier(group=procs.job_cpu_group)  # rank 0 has made the run directory and opened the sinks
     return procs, runlog

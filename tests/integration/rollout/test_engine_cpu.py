@@ -194,3 +194,15 @@ def test_an_environment_that_does_not_answer_ends_its_trajectory_not_the_call(r)
     h = r["turns"]["hung"]
     assert h["status"] == "env_error" and "did not answer a turn within 1 s" in h["error"], h
     assert h["others"] == ["passed"] and h["seconds"] < 2.5, h
+
+
+def test_an_engine_that_fails_in_its_step_ends_the_call_as_an_engine_crash(r):
+    """The rank then exits 77 (system/failover.py): the job leaves its node out and goes on from the newest
+    checkpoint, where any other error would end the job."""
+    crash = r["crash"]
+    assert crash and crash["kind"] == "EngineCrashed", crash
+    assert (
+        crash["message"].startswith("the rollout engine crashed in its step (")
+        and crash["cause"] != "NoneType"
+    )
+    assert crash["code"][0] == 77

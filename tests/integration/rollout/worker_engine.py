@@ -254,6 +254,19 @@ def main():
     r["prompt_logprobs"] = len(prompt_logprobs(eng, [[1, 2, 3, 4, 5]])[0])
     r["compiled_graphs"] = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
     r["eager_ranks"] = sampler.batched_count_greater_than is count_at_least
+
+    # Last, an engine that fails inside its step: its live model taken from its runner, as a crashed device
+    # leaves it. The call ends with the engine's error, typed for the job's failover (system/failover.py).
+    from megatron_rl.system.failover import exit_code_for
+
+    eng._engine.model_executor.driver_worker.worker.model_runner.model = None
+    try:
+        eng.generate(bench[:2], 1, SamplingSettings(max_new_tokens=4))
+        r["crash"] = None
+    except Exception as e:
+        r["crash"] = dict(
+            kind=type(e).__name__, message=str(e), cause=type(e.__cause__).__name__, code=exit_code_for(e)
+        )
     with open(OUT, "w") as f:
         json.dump(r, f, indent=1)
 

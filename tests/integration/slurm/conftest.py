@@ -7,6 +7,7 @@ advertises 2 fake GPUs (GRES on /dev/null clones), so `--gpus-per-node=2` is acc
 machine; a `render` partition of 32 DOWN 8-GPU nodes takes held jobs, so the big recipes' sbatch
 commands can be checked by the real controller without running them. A second slurmd on this machine is
 node cpu01 of the `cpu` partition, where a job's reward fleet runs (`render-cpu`: its DOWN counterpart).
+Four more, sim01-04 of the `sim` partition, one fake GPU each, are the nodes a job loses and replaces.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ def slurm(tmp_path_factory) -> SlurmCluster:
         "RENDER_GPUS": "8",
         "FLEET_NODES": "1",  # cpu01 in the `cpu` partition: a reward fleet's node (test_slurm_train.py)
         "FLEET_SLURMD_PORT": str(free_port()),
+        "SIM_NODES": "4",  # sim01-04, one fake GPU each: a run of 2 nodes and 2 spares (test_slurm_spares.py)
         # Jobs derive their rendezvous port from the id: keep clear of another session's cluster.
         "FIRST_JOB_ID": str(random.randrange(1000, 19000, 100)),
     }
@@ -132,7 +134,7 @@ def slurm(tmp_path_factory) -> SlurmCluster:
         cluster_env.pop(key, None)  # an outer launcher's values would win over the job's own
     daemons = [base / "munge/munged.pid", base / "run/slurmctld.pid", *sorted(base.glob("run/slurmd-*.pid"))]
     pids = [p.read_text().strip() for p in daemons]
-    assert len(pids) == 4, f"munged, slurmctld and two slurmds (the GPU node, cpu01): {daemons}"
+    assert len(pids) == 8, f"munged, slurmctld and six slurmds (the GPU node, cpu01, sim01-04): {daemons}"
     try:
         yield SlurmCluster(base=base, env=cluster_env)
     finally:

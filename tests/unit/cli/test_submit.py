@@ -179,3 +179,18 @@ def test_a_fleet_recipe_run_outside_its_job_is_refused_and_one_of_another_kind_e
     judged = ["reward.fleet_nodes=1", "reward.kind=http", "reward.url=http://judge:80"]
     (p,) = [p for p in refused(check_recipe(load_recipe("grpo_tiny_cpu", judged)), "validate")]
     assert p.key == "reward.fleet_nodes" and "kind=http" in p.message
+
+
+def test_spare_nodes_are_asked_for_beside_the_runs_and_the_run_keeps_its_own():
+    """cluster.spare_nodes adds nodes to the allocation only: the layout still fills cluster.nodes, which
+    slurm/train.sbatch reads back to size the run's step (megatron-rl failover nodes)."""
+    name = "grpo_qwen2.5-32b_32n8g"
+    recipe = load_recipe(name, ["cluster.spare_nodes=2"])
+    assert [p for p in check_recipe(recipe) if p.kind != "files"] == []
+    f = flags(sbatch_command(request_from_recipe(recipe), name, [], cwd=REPO_ROOT))
+    assert (f["nodes"], f["ntasks-per-node"]) == ("34", "8")
+    bad = [p.key for p in check_recipe(load_recipe(name, ["cluster.spare_nodes=-1"]))]
+    assert "cluster.spare_nodes" in bad
+    assert "cluster.max_restarts" in [
+        p.key for p in check_recipe(load_recipe(name, ["cluster.max_restarts=-2"]))
+    ]

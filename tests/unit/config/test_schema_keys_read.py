@@ -101,6 +101,7 @@ READ_ELSEWHERE = {
     "logger.no_signal_steps": "megatron_rl.loop.record.records:RunLog",
     "logger.samples_per_step": "megatron_rl.loop.record.records:RunLog",
     "cluster.dist_timeout_s": "megatron_rl.loop.placement.processes:Processes",
+    "cluster.max_restarts": "megatron_rl.cli.failover:job_settings",
     "optim.lr_schedule": "megatron_rl.trainer.build:optim_settings",
     "seed": "megatron_rl.train:main",
     "rollout.top_p": "megatron_rl.rollout.vllm_engine:VLLMEngine",

@@ -75,3 +75,17 @@ def test_the_report_prices_the_shipped_cluster(ref):
     c = build_report(*ref, with_search=False).to_json()["cost"]
     assert c["on_demand"]["gpu_hour_usd"] == 3.0 and c["spot"]["gpu_hour_usd"] == 1.5
     assert c["on_demand"]["usd"] > c["compute_usd"] > 0 and c["cheaper"] in ("spot", "on_demand")
+
+
+def test_spare_nodes_are_paid_for_all_along_and_fail_nothing(ref):
+    """Two spare nodes of 8 GPUs: 16 more GPUs on the bill for the whole run; the interruptions are the run's
+    nodes' only (an idle spare that fails is not the run's failure)."""
+    inp, layout = ref
+    inp = priced(inp)
+    spared = dataclasses.replace(inp, hw=dataclasses.replace(inp.hw, spare_nodes=2))
+    base, c = cost(inp, layout, 100.0, RESTART_FIXED_S), cost(spared, layout, 100.0, RESTART_FIXED_S)
+    assert (c.gpus, c.spare_gpus) == (272, 16)
+    assert c.compute_usd == pytest.approx(base.compute_usd * 272 / 256)
+    assert c.on_demand.hours == pytest.approx(base.on_demand.hours)
+    assert c.on_demand.usd == pytest.approx(base.on_demand.usd * 272 / 256)
+    assert "272 GPUs (16 spare GPUs among them)" in "\n".join(render_cost(c))
