@@ -112,22 +112,29 @@ def _rank_pid(launcher: int, rank: int) -> int:
     raise SystemExit(f"recovery: no process of rank {rank} under the launcher {launcher}")
 
 
-def measure(steps: int, kill_after: int, tmp: Path) -> dict:
-    steps_file = tmp / "outputs" / "recovery" / "steps.jsonl"
-    log = tmp / "recovery.log"
-    first = _launch(tmp, steps, log)
-    seen: dict[int, float] = {}  # step -> when its record appeared (this process's clock)
+def _mid_step_after(steps_file: Path, n: int, proc: subprocess.Popen | None, seen: dict[int, float]) -> float:
+    """Wait for step `n`'s record, noting when each record appeared in `seen`, then half a step more (mid
+    step n + 1); the mean step time (the warm-up step apart), which it returns."""
 
-    def reached(n: int):
+    def reached():
         recs = _records(steps_file)
         for r in recs:
             seen.setdefault(r["step"], time.monotonic())
         return recs if len(recs) >= n else None
 
-    recs = _wait(lambda: reached(kill_after), first, f"step {kill_after}'s record")
+    recs = _wait(reached, proc, f"step {n}'s record")
     step_s = [r["step_seconds"] for r in recs if r["step"] > 1] or [recs[-1]["step_seconds"]]
     mean_step = sum(step_s) / len(step_s)
-    time.sleep(mean_step / 2)  # mid-step
+    time.sleep(mean_step / 2)
+    return mean_step
+
+
+def measure(steps: int, kill_after: int, tmp: Path) -> dict:
+    steps_file = tmp / "outputs" / "recovery" / "steps.jsonl"
+    log = tmp / "recovery.log"
+    first = _launch(tmp, steps, log)
+    seen: dict[int, float] = {}  # step -> when its record appeared (this process's clock)
+    mean_step = _mid_step_after(steps_file, kill_after, first, seen)
     victim = _rank_pid(first.pid, 1)
     t_kill = time.monotonic()
     os.kill(victim, signal.SIGKILL)
@@ -255,17 +262,7 @@ def measure_spares(steps: int, kill_after: int, tmp: Path) -> dict:
         steps_file = tmp / "outputs" / f"grpo_tiny_cpu-{job}" / "steps.jsonl"
         text = lambda: log.read_text() if log.exists() else ""  # noqa: E731
         seen: dict[int, float] = {}
-
-        def reached(n: int):
-            recs = _records(steps_file)
-            for r in recs:
-                seen.setdefault(r["step"], time.monotonic())
-            return recs if len(recs) >= n else None
-
-        recs = _wait(lambda: reached(kill_after), None, f"step {kill_after}'s record")
-        step_s = [r["step_seconds"] for r in recs if r["step"] > 1] or [recs[-1]["step_seconds"]]
-        mean_step = sum(step_s) / len(step_s)
-        time.sleep(mean_step / 2)
+        mean_step = _mid_step_after(steps_file, kill_after, None, seen)
         beat = json.loads((REPO / ".megatron-rl-exit" / job / "beat.rank1").read_text())
         t_kill = time.monotonic()
         os.kill(beat["pid"], signal.SIGKILL)

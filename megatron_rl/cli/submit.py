@@ -204,6 +204,13 @@ def main(argv: list[str]) -> int:
     cmd = sbatch_command(request, args.recipe, args.overrides, args.log_dir, args.sbatch, run_name=name)
     print(shlex.join(cmd), flush=True)
     print(name_note(recipe, name), file=sys.stderr)
+    c = recipe.cluster
+    if c.spare_nodes:
+        print(
+            f"nodes: the run on {c.nodes}, {c.spare_nodes} spare (cluster.spare_nodes): a node that fails is "
+            f"replaced inside the job, up to {c.max_restarts} restart(s) (cluster.max_restarts)",
+            file=sys.stderr,
+        )
     if args.dry_run:
         return 0
     if shutil.which("sbatch") is None:

@@ -181,7 +181,7 @@ def test_a_fleet_recipe_run_outside_its_job_is_refused_and_one_of_another_kind_e
     assert p.key == "reward.fleet_nodes" and "kind=http" in p.message
 
 
-def test_spare_nodes_are_asked_for_beside_the_runs_and_the_run_keeps_its_own():
+def test_spare_nodes_are_asked_for_beside_the_runs_and_the_run_keeps_its_own(capsys):
     """cluster.spare_nodes adds nodes to the allocation only: the layout still fills cluster.nodes, which
     slurm/train.sbatch reads back to size the run's step (megatron-rl failover nodes)."""
     name = "grpo_qwen2.5-32b_32n8g"
@@ -189,6 +189,9 @@ def test_spare_nodes_are_asked_for_beside_the_runs_and_the_run_keeps_its_own():
     assert [p for p in check_recipe(recipe) if p.kind != "files"] == []
     f = flags(sbatch_command(request_from_recipe(recipe), name, [], cwd=REPO_ROOT))
     assert (f["nodes"], f["ntasks-per-node"]) == ("34", "8")
+    assert main([name, "cluster.spare_nodes=2", "--dry-run", "--remote-paths"]) == 0
+    err = capsys.readouterr().err
+    assert "nodes: the run on 32, 2 spare (cluster.spare_nodes)" in err and "up to 3 restart(s)" in err
     bad = [p.key for p in check_recipe(load_recipe(name, ["cluster.spare_nodes=-1"]))]
     assert "cluster.spare_nodes" in bad
     assert "cluster.max_restarts" in [

@@ -96,10 +96,14 @@ def test_rank_py_records_a_ranks_own_failure_only(tmp_path):
         f"open({str(started)!r}, 'w').close()\ntime.sleep(30)\n"
     )
     env = {**CLEAN, "MEGATRON_RL_EXIT_DIR": str(exit_dir)}
-    failed = subprocess.run([sys.executable, str(RANK_PY), str(entry)], env={**env, **slurm_env(1)})
+    failed = subprocess.run(
+        [sys.executable, str(RANK_PY), str(entry)], env={**env, **slurm_env(1), "SLURMD_NODENAME": "gpu017"}
+    )
     assert failed.returncode == 7
-    t, code, rank = (exit_dir / "rank1").read_text().split()
-    assert (code, rank) == ("7", "1") and float(t) <= time.time()
+    t, code, rank, host = (exit_dir / "rank1").read_text().split()
+    # the host as Slurm names it (SLURMD_NODENAME), which the job's failover leaves out when it is to blame
+    assert (code, rank, host) == ("7", "1", "gpu017")
+    assert float(t) <= time.time()
 
     # Rank 0 stopped by the scheduler (SIGTERM to every process of the step): a consequence, not recorded.
     proc = subprocess.Popen(
