@@ -290,9 +290,19 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    from megatron_rl.system.failover import exit_code_for
+    import os
+
+    from megatron_rl.system.failover import EXIT_NODE_FAULT, EXIT_PEER_LOST, exit_code_for
     from megatron_rl.telemetry.console import run_guarded
 
     # Errors reach the terminal while output goes to log.txt; a lost peer or a crashed engine exits with the
     # code slurm/train.sbatch's failover reads (system/failover.py)
-    sys.exit(run_guarded(main, exit_code_for))
+    code = run_guarded(main, exit_code_for)
+    if code in (EXIT_PEER_LOST, EXIT_NODE_FAULT):
+        # At once: the interpreter's clean-ups (the checkpointer's writer, process groups, the engine) would
+        # wait on the lost peer until the launcher's kill (Slurm's KillWait, 30 s by default), and the job's
+        # failover waits on this exit. The launcher ends what this rank started.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -221,6 +221,7 @@ class EngineCrashed(RuntimeError):
 _PEER_LOST = (
     "connection closed by peer",
     "connection reset by peer",
+    "connection refused",
     "broken pipe",
     "timed out waiting",
     "socket timeout",

@@ -53,6 +53,12 @@ def _steps(run_dir: Path) -> list[int]:
     return [json.loads(x)["step"] for x in lines if x.strip()]
 
 
+def _saved(run_dir: Path) -> int:
+    """Checkpoints the run has completed, over all its starts (its log.txt says so of each)."""
+    f = run_dir / "log.txt"
+    return f.read_text().count(" complete in ") if f.exists() else 0
+
+
 def _until(what: str, check, slurm, job_id: str, timeout: float = 300.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -92,14 +98,14 @@ def test_a_killed_and_a_hung_node_are_replaced_by_spares(slurm, tmp_path):
     log = lambda: slurm.log(slurm.job(job_id))  # noqa: E731
 
     # 1. The engine's node dies: kill -9 rank 1 (on sim02) once the run has a checkpoint and is in its next steps.
-    _until("step 2", lambda: len(_steps(run_dir)) >= 2, slurm, job_id)
+    _until("step 2 and a checkpoint", lambda: len(_steps(run_dir)) >= 2 and _saved(run_dir), slurm, job_id)
     first = _beat(job_id, 1)
     assert first and first["host"] == "sim02", first
     os.kill(first["pid"], signal.SIGKILL)
     killed_at = time.monotonic()
     _until("the first restart", lambda: "== restart 1 of 3" in log(), slurm, job_id, timeout=120)
     kill_restart_s = time.monotonic() - killed_at
-    recorded = len(_steps(run_dir))  # the killed start's records: the restart's come after them
+    recorded, saved = len(_steps(run_dir)), _saved(run_dir)  # the killed start's: the restart's come after
 
     # 2. Its spare hangs: the engine's rank, now on sim03, stopped (a SIGSTOP'd process beats no more and answers nothing).
     second = _until(
@@ -108,7 +114,12 @@ def test_a_killed_and_a_hung_node_are_replaced_by_spares(slurm, tmp_path):
         slurm,
         job_id,
     )
-    _until("a step recorded on the spare", lambda: len(_steps(run_dir)) > recorded, slurm, job_id)
+    _until(
+        "a step and a checkpoint on the spare",
+        lambda: len(_steps(run_dir)) > recorded and _saved(run_dir) > saved,
+        slurm,
+        job_id,
+    )
     os.kill(second["pid"], signal.SIGSTOP)
     stopped_at = time.monotonic()
     _until("the second restart", lambda: "== restart 2 of 3" in log(), slurm, job_id, timeout=240)
