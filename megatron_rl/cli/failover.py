@@ -3,6 +3,8 @@
     failover nodes RECIPE [overrides]      # prints "<cluster.nodes> <cluster.max_restarts>"
     failover after --exit-dir D --rc RC --used a,c --allocated "a b c d" --bad b --restarts 0 --max 3
         # prints "retry <nodes> <blamed>" or "stop - <blamed>" (blamed: comma list or -); why on stderr
+    failover preflight --json F --rc RC --allocated "a b c" --bad "" --need 2
+        # prints "ok|spare|stop|ring|refused <failed nodes or ->"
 
 The rules are megatron_rl/system/failover.py's; this file only reads the script's words and the exit
 folder. A folder it cannot read is an error (exit 2), never "no failure".
@@ -11,10 +13,11 @@ folder. A folder it cannot read is an error (exit 2), never "no failure".
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-from megatron_rl.system.failover import after, read_beats, read_exit_records
+from megatron_rl.system.failover import after, after_preflight, read_beats, read_exit_records
 
 
 def job_settings(recipe_arg: str, overrides: list[str]) -> tuple[int, int]:
@@ -35,9 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     n = sub.add_parser("nodes", help="the run's nodes and restart budget, from the recipe")
     n.add_argument("recipe")
     n.add_argument("overrides", nargs="*")
+    f = sub.add_parser("preflight", help="what the job does after the preflight")
+    f.add_argument("--json", type=Path, required=True, help="rank 0's verdict (megatron-rl preflight --out)")
+    f.add_argument("--rc", type=int, required=True)
+    f.add_argument("--need", type=int, required=True)
     a = sub.add_parser("after", help="what the job does after a failed step")
-    a.add_argument("--allocated", required=True, help="the job's nodes, in order")
-    a.add_argument("--bad", default="", help="nodes left out already")
+    for q in (a, f):
+        q.add_argument("--allocated", required=True, help="the job's nodes, in order")
+        q.add_argument("--bad", default="", help="nodes left out already")
     a.add_argument("--exit-dir", type=Path, required=True)
     a.add_argument("--rc", type=int, required=True)
     a.add_argument("--used", required=True)
@@ -50,6 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         print(nodes, restarts)
         return 0
     allocated, bad = _hosts(args.allocated), set(_hosts(args.bad))
+    if args.what == "preflight":
+        try:
+            verdict = json.loads(args.json.read_text())
+        except (OSError, ValueError):
+            verdict = None  # no verdict: the failure stands unexplained (refused)
+        action, failed = after_preflight(verdict, args.rc, allocated, bad, args.need)
+        print(action, ",".join(failed) or "-")
+        return 0
     try:
         records = read_exit_records(args.exit_dir) if args.exit_dir.is_dir() else []
         beats = read_beats(args.exit_dir) if args.exit_dir.is_dir() else []

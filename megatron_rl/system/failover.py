@@ -254,3 +254,22 @@ def exit_code_for(e: BaseException) -> tuple[int, str] | None:
     if any(p in text for p in _DEVICE_FAULT):
         return EXIT_NODE_FAULT, f"this rank's device failed: {str(chain[0]).strip().splitlines()[0]}"
     return None
+
+
+def after_preflight(
+    verdict: dict | None, rc: int, allocated: list[str], bad: set[str], need: int
+) -> tuple[str, list[str]]:
+    """What the job does after `megatron-rl preflight` exited `rc` with `verdict` (rank 0's JSON; None: none
+    was written or it does not parse): `ok`; `spare` (leave the failed nodes out, spares take their place);
+    `stop` (too few spares: exit 3, named); `ring` (every node passed, the all-reduce across them did not:
+    no node to leave out, exit 1); `refused` (a failure without a verdict: its exit code). Fail closed: a
+    verdict that names no failure explains no failed exit."""
+    if rc == 0:
+        return "ok", []
+    if not isinstance(verdict, dict):
+        return "refused", []
+    failed = [str(n) for n in verdict.get("exclude") or []]
+    if not failed:
+        return ("ring", []) if verdict.get("job_failures") else ("refused", [])
+    healthy = [n for n in allocated if n not in bad and n not in failed]
+    return ("spare" if len(healthy) >= need else "stop"), failed

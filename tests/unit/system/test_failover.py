@@ -196,3 +196,39 @@ def test_a_real_gloo_peer_lost_or_hung_is_classified_as_lost(mode):
         peer.kill()
         peer.wait()
     assert out.stdout.strip() == str(EXIT_PEER_LOST), out.stderr[-2000:]
+
+
+def _verdict(exclude=(), job_failures=()) -> dict:
+    """The shape of `megatron-rl preflight --out`'s JSON (rank 0's), as the batch script reads it."""
+    return {
+        "cluster": "h100_80gb",
+        "exclude": list(exclude),
+        "job_failures": list(job_failures),
+        "passed": False,
+    }
+
+
+def test_a_node_failing_the_preflight_is_left_out_while_spares_last():
+    from megatron_rl.system.failover import after_preflight
+
+    assert after_preflight(None, 0, NODES, set(), 2) == ("ok", [])
+    assert after_preflight(_verdict(["n2"]), 3, NODES, set(), 2) == ("spare", ["n2"])
+    assert after_preflight(_verdict(["n2", "n3"]), 3, NODES, set(), 2) == ("spare", ["n2", "n3"])
+    assert after_preflight(_verdict(["n2", "n3"]), 3, NODES, {"n4"}, 2) == ("stop", ["n2", "n3"])
+    assert after_preflight(_verdict([], ["ring 0.1 GB/s < 25 GB/s"]), 1, NODES, set(), 2) == ("ring", [])
+    # fail closed: a failed preflight whose verdict is missing, unreadable or names nothing is refused
+    assert after_preflight(None, 3, NODES, set(), 2) == ("refused", [])
+    assert after_preflight(["n2"], 3, NODES, set(), 2) == ("refused", [])
+    assert after_preflight(_verdict(), 1, NODES, set(), 2) == ("refused", [])
+
+
+def test_the_cli_reads_the_preflights_file_and_a_broken_one_is_refused(tmp_path):
+    verdict = tmp_path / "preflight.json"
+    cmd = [sys.executable, "-m", "megatron_rl.cli.failover", "preflight", "--json", str(verdict), "--rc", "3"]
+    cmd += ["--allocated", "n1 n2 n3", "--need", "2"]
+    verdict.write_text(json.dumps(_verdict(["n1"])))
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.split() == ["spare", "n1"]
+    verdict.write_text('{"exclude": ["n1"')
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.split() == ["refused", "-"]
