@@ -36,7 +36,7 @@ import torch
 from megatron_rl.algorithms import old_policy
 from megatron_rl.check.recipe import validate_recipe
 from megatron_rl.check.seal import sealed
-from megatron_rl.checkpoint.preempt import EXIT_REQUEUE, Preemption
+from megatron_rl.checkpoint.preempt import Preemption
 from megatron_rl.config.load import load_recipe
 from megatron_rl.loop.placement import engine_pool
 from megatron_rl.loop.placement.probe import step_problems
@@ -59,6 +59,7 @@ from megatron_rl.loop.step.rl_batch import (
     tokens_exact,
 )
 from megatron_rl.system.device import require_device
+from megatron_rl.system.failover import EXIT_REQUEUE
 from megatron_rl.trainer.build import (
     build_critic,
     build_policy,

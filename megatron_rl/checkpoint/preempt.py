@@ -1,5 +1,5 @@
 """Preemption: SIGUSR1 / SIGTERM (from `#SBATCH --signal=USR1@120` or a scheduler) asks the run to
-save at the next step boundary and exit with EXIT_REQUEUE, which slurm/train.sbatch turns into
+save at the next step boundary and exit with EXIT_REQUEUE (system/failover.py), which slurm/train.sbatch turns into
 `scontrol requeue`. The current phase is never interrupted: collectives stay matched across ranks.
 
 The flag is a host value, so the agreement runs on the explicit gloo group
@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
-EXIT_REQUEUE = 75  # EX_TEMPFAIL: "try again later"
 
 
 class Preemption:

@@ -2,7 +2,7 @@
 
 slurm/train.sbatch runs the ranks as one job step on `cluster.nodes` of the job's nodes; the others
 (`cluster.spare_nodes`) wait. When the step ends with a failure, the script asks `after` (through
-`megatron-rl failover`) what happened, from two kinds of file the step left in its exit folder:
+`python -m megatron_rl.cli.failover`) what happened, from two kinds of file the step left in its exit folder:
 
 - an exit record per rank that ended on its own (launch/rank.py): `<time> <code> <rank> <host>`;
 - a heartbeat per rank (system/watchdog.py): host, pid and the time of its last beat, written by a
@@ -17,7 +17,8 @@ on any node; 2: bad input) ends the job: restarting it elsewhere would fail the 
 
 A blamed node is replaced by a spare; with none left, and with no node to blame (a transient fault), the
 run restarts on the same nodes. Every restart counts against `cluster.max_restarts` per job. When every
-node the step used is blamed, the fault is not in the nodes and the job ends.
+node of a step of several nodes is blamed, the fault is not in the nodes and the job ends. The
+preflight's verdict is read here too (`after_preflight`): a node it failed is left out while spares last.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-EXIT_REQUEUE = 75  # the run saved after SIGUSR1/SIGTERM and asks for more time (checkpoint/preempt.py)
+EXIT_REQUEUE = (
+    75  # EX_TEMPFAIL: the run saved after SIGUSR1/SIGTERM and asks for more time (checkpoint/preempt.py)
+)
 EXIT_PEER_LOST = 76  # a collective with another rank failed or timed out: another rank is the cause
 EXIT_NODE_FAULT = 77  # this rank's device or rollout engine failed: its node is suspect
 EXIT_BAD_INPUT = 2

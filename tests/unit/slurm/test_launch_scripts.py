@@ -44,6 +44,6 @@ def test_user_edited_lines_are_marked_and_slurm_lines_present():
 
 
 def test_the_requeue_exit_code_is_the_trainers():
-    from megatron_rl.checkpoint.preempt import EXIT_REQUEUE
+    from megatron_rl.system.failover import EXIT_REQUEUE
 
     assert f"REQUEUE_EXIT_CODE={EXIT_REQUEUE}" in SBATCH.read_text()
