@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import signal
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,6 +149,11 @@ def blame(records: list[ExitRecord], beats: list[Beat]) -> dict[str, str]:
     return out
 
 
+def _machine_code(code: int) -> bool:
+    """An exit code that says the machines failed: killed by a signal, a lost peer, a failed engine or device."""
+    return code > 128 or code in (EXIT_PEER_LOST, EXIT_NODE_FAULT)
+
+
 def pick(allocated: list[str], bad: set[str], need: int) -> list[str]:
     """The first `need` allocated nodes not known bad, in allocation order (the first is rank 0's)."""
     healthy = [n for n in allocated if n not in bad]
@@ -173,15 +179,20 @@ def after(
     batch script reports it). `bad`: nodes left out already; `restarts`: restarts this job made so far."""
     if rc in (0, EXIT_REQUEUE, EXIT_BAD_INPUT):
         return Verdict("stop", (), {}, "")
-    own = [r for r in records if r.code not in (EXIT_PEER_LOST, EXIT_NODE_FAULT) and r.code <= 128]
-    if own and not any(r.code > 128 or r.code == EXIT_NODE_FAULT for r in records):
-        first = own[0]
+    machines = [r for r in records if _machine_code(r.code)]
+    if not machines and not _machine_code(rc):
+        # Fail closed: only a failure that says it is the machines' (a signal, a lost peer, a failed engine or
+        # device) is restarted; any other, or one no record explains, would recur on any node.
+        own = [r for r in records if not _machine_code(r.code)]
+        what = (
+            f"{own[0].why} on {own[0].host or 'its node'}" if own else f"the step ended with exit code {rc}"
+        )
         return Verdict(
             "stop",
             (),
             {},
-            f"{first.why} on {first.host or 'its node'}: an error of the run, not of a node (it would recur on "
-            "any node), so the job ends; its log.txt says why",
+            f"{what}: an error of the run, not of a node (it would recur on any node), so the job ends; "
+            "its log.txt says why",
         )
     blamed = blame(records, beats)
     if len(used) > 1 and set(used) <= set(blamed):
@@ -247,16 +258,26 @@ def exit_code_for(e: BaseException) -> tuple[int, str] | None:
         seen = seen.__cause__ or seen.__context__
     text = " | ".join(f"{type(x).__name__}: {x}" for x in chain).lower()
     names = {type(x).__name__ for x in chain}
-    if names & {"DistNetworkError", "DistStoreError"} or any(p in text for p in _PEER_LOST):
+    # Only torch.distributed's errors speak for a peer: the same words from the run's own code (a judge that
+    # timed out, a closed pipe) are the run's.
+    collective = any("gloo" in text or "nccl" in text or _through_distributed(x) for x in chain)
+    if names & {"DistNetworkError", "DistStoreError"} or (collective and any(p in text for p in _PEER_LOST)):
         first = str(chain[0]).strip().splitlines()[0] if str(chain[0]).strip() else type(chain[0]).__name__
         first = first if len(first) <= 160 else first[:157] + "..."
         return EXIT_PEER_LOST, (
             f"lost a peer rank at a collective ({first}): another rank died or hung, and this rank ends "
             "with it; the job's failover names the node"
         )
-    if any(p in text for p in _DEVICE_FAULT):
+    if any(p in text for p in _DEVICE_FAULT) and "out of memory" not in text:  # OOM: the run's size, anywhere
         return EXIT_NODE_FAULT, f"this rank's device failed: {str(chain[0]).strip().splitlines()[0]}"
     return None
+
+
+def _through_distributed(e: BaseException) -> bool:
+    """Whether `e` was raised inside torch.distributed (its traceback passes through it)."""
+    return any(
+        "torch/distributed" in f.filename.replace("\\", "/") for f in traceback.extract_tb(e.__traceback__)
+    )
 
 
 def after_preflight(

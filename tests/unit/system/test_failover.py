@@ -80,6 +80,10 @@ def test_an_error_of_the_run_is_not_retried_anywhere():
     assert v.action == "stop" and "not of a node" in v.why
     for rc in (0, 2, 75):
         assert after(rc, [], [], ["n1"], NODES, set(), 0, 3).action == "stop"
+    # fail closed: a failure no record explains (torchrun's launcher writes none) is not taken for a node's
+    v = after(1, [], [], ["n1", "n2"], NODES, set(), 0, 3)
+    assert v.action == "stop" and "the step ended with exit code 1" in v.why
+    assert after(137, [], [], ["n1", "n2"], NODES, set(), 0, 3).action == "retry"
 
 
 def test_every_node_of_a_multi_node_step_failing_is_not_a_node_fault():
@@ -153,6 +157,12 @@ def test_engine_and_device_failures_are_the_nodes_and_others_the_runs():
         == EXIT_NODE_FAULT
     )
     assert exit_code_for(ValueError("bad recipe")) is None
+    # the run's own errors in a collective's words are the run's: not raised inside torch.distributed
+    assert exit_code_for(RuntimeError("Timed out waiting for the judge's answer")) is None
+    assert exit_code_for(BrokenPipeError("[Errno 32] Broken pipe")) is None
+    assert exit_code_for(ConnectionRefusedError("[Errno 111] Connection refused")) is None
+    # a device out of memory is the run's size, on any node
+    assert exit_code_for(RuntimeError("CUDA error: out of memory")) is None
     assert exit_code_for(KeyError("x")) is None
 
 
