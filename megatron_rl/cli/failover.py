@@ -3,6 +3,8 @@
     failover nodes RECIPE [overrides]      # prints "<cluster.nodes> <cluster.max_restarts>"
     failover after --exit-dir D --rc RC --used a,c --allocated "a b c d" --bad b --restarts 0 --max 3
         # prints "retry <nodes> <blamed>" or "stop - <blamed>" (blamed: comma list or -); why on stderr
+    failover pick --allocated "a b c" --bad b [--need 2]       # prints "a,c" (the first 2 healthy, or all);
+        # fewer than --need: exit 1, the lack named on stderr
     failover preflight --json F --rc RC --allocated "a b c" --bad "" --need 2
         # prints "ok|spare|stop|ring|refused <failed nodes or ->"
 
@@ -17,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from megatron_rl.system.failover import after, after_preflight, read_beats, read_exit_records
+from megatron_rl.system.failover import after, after_preflight, healthy, pick, read_beats, read_exit_records
 
 
 def job_settings(recipe_arg: str, overrides: list[str]) -> tuple[int, int]:
@@ -38,12 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     n = sub.add_parser("nodes", help="the run's nodes and restart budget, from the recipe")
     n.add_argument("recipe")
     n.add_argument("overrides", nargs="*")
+    k = sub.add_parser("pick", help="the healthy nodes, in allocation order: the first --need of them")
+    k.add_argument("--need", type=int, default=0, help="how many (0: all of them)")
     f = sub.add_parser("preflight", help="what the job does after the preflight")
     f.add_argument("--json", type=Path, required=True, help="rank 0's verdict (megatron-rl preflight --out)")
     f.add_argument("--rc", type=int, required=True)
     f.add_argument("--need", type=int, required=True)
     a = sub.add_parser("after", help="what the job does after a failed step")
-    for q in (a, f):
+    for q in (a, f, k):
         q.add_argument("--allocated", required=True, help="the job's nodes, in order")
         q.add_argument("--bad", default="", help="nodes left out already")
     a.add_argument("--exit-dir", type=Path, required=True)
@@ -58,6 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         print(nodes, restarts)
         return 0
     allocated, bad = _hosts(args.allocated), set(_hosts(args.bad))
+    if args.what == "pick":
+        try:
+            nodes = pick(allocated, bad, args.need) if args.need else healthy(allocated, bad)
+        except LookupError as e:
+            print(f"failover: {e}", file=sys.stderr)
+            return 1
+        print(",".join(nodes))
+        return 0
     if args.what == "preflight":
         try:
             verdict = json.loads(args.json.read_text())

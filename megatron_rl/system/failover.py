@@ -154,15 +154,20 @@ def _machine_code(code: int) -> bool:
     return code > 128 or code in (EXIT_PEER_LOST, EXIT_NODE_FAULT)
 
 
+def healthy(allocated: list[str], bad: set[str]) -> list[str]:
+    """The allocated nodes not left out, in allocation order."""
+    return [n for n in allocated if n not in bad]
+
+
 def pick(allocated: list[str], bad: set[str], need: int) -> list[str]:
     """The first `need` allocated nodes not known bad, in allocation order (the first is rank 0's)."""
-    healthy = [n for n in allocated if n not in bad]
-    if len(healthy) < need:
+    healthy_nodes = healthy(allocated, bad)
+    if len(healthy_nodes) < need:
         raise LookupError(
-            f"{len(healthy)} healthy node(s) of the {need} the run needs (allocated {','.join(allocated)}; "
+            f"{len(healthy_nodes)} healthy node(s) of the {need} the run needs (allocated {','.join(allocated)}; "
             f"left out {','.join(sorted(bad)) or 'none'})"
         )
-    return healthy[:need]
+    return healthy_nodes[:need]
 
 
 def after(
@@ -295,5 +300,4 @@ def after_preflight(
     failed = [str(n) for n in verdict.get("exclude") or []]
     if not failed:
         return ("ring", []) if verdict.get("job_failures") else ("refused", [])
-    healthy = [n for n in allocated if n not in bad and n not in failed]
-    return ("spare" if len(healthy) >= need else "stop"), failed
+    return ("spare" if len(healthy(allocated, bad | set(failed))) >= need else "stop"), failed

@@ -133,6 +133,21 @@ def test_the_cli_speaks_the_scripts_words(tmp_path):
     out = subprocess.run([*cmd, "--max", "2"], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.split() == ["retry", "n1,n3", "n2"]
     assert "== node n2 failed: rank 1 was killed by SIGKILL" in out.stderr
+    pick = [
+        sys.executable,
+        "-m",
+        "megatron_rl.cli.failover",
+        "pick",
+        "--allocated",
+        "n1 n2 n3",
+        "--bad",
+        "n1",
+    ]
+    assert subprocess.run(pick, capture_output=True, text=True, cwd=REPO).stdout.split() == ["n2,n3"]
+    one = subprocess.run([*pick, "--need", "1"], capture_output=True, text=True, cwd=REPO)
+    assert one.stdout.split() == ["n2"]
+    lack = subprocess.run([*pick, "--need", "3"], capture_output=True, text=True, cwd=REPO)
+    assert lack.returncode == 1 and "2 healthy node(s) of the 3 the run needs" in lack.stderr
     nodes = subprocess.run(
         [
             sys.executable,
