@@ -125,8 +125,22 @@ def _mid_step_after(steps_file: Path, n: int, proc: subprocess.Popen | None, see
     recs = _wait(reached, proc, f"step {n}'s record")
     step_s = [r["step_seconds"] for r in recs if r["step"] > 1] or [recs[-1]["step_seconds"]]
     mean_step = sum(step_s) / len(step_s)
-    time.sleep(mean_step / 2)
+    deadline = time.monotonic() + mean_step / 2
+    while time.monotonic() < deadline:  # still noting records: the next step may end sooner
+        reached()
+        time.sleep(POLL_S)
     return mean_step
+
+
+def _killed_in(steps_file: Path, steps: int) -> tuple[int, dict[int, dict]]:
+    """The step the kill landed in: the one after the last recorded (a record needs every rank, so none
+    is written after the kill), and the records before it. A step can end sooner than the half step waited
+    (the first steps after warm-up are the slow ones): the kill then lands in the next, which is measured."""
+    done_before = {r["step"]: r for r in _records(steps_file)}
+    killed_in = max(done_before, default=0) + 1
+    if killed_in > steps:
+        raise SystemExit("recovery: the run ended before the kill landed; raise --steps")
+    return killed_in, done_before
 
 
 def measure(steps: int, kill_after: int, tmp: Path) -> dict:
@@ -140,10 +154,7 @@ def measure(steps: int, kill_after: int, tmp: Path) -> dict:
     os.kill(victim, signal.SIGKILL)
     first.wait(timeout=600)
     t_exit = time.monotonic()
-    killed_in = kill_after + 1
-    done_before = {r["step"]: r for r in _records(steps_file)}
-    if killed_in in done_before:
-        raise SystemExit(f"recovery: step {killed_in} finished before the kill landed; raise --kill-after")
+    killed_in, done_before = _killed_in(steps_file, steps)
 
     t_relaunch = time.monotonic()
     second = _launch(tmp, steps, log)
@@ -165,9 +176,9 @@ def measure(steps: int, kill_after: int, tmp: Path) -> dict:
     _wait(again, second, f"step {killed_in}'s record after the resume")
     t_next = time.monotonic()
     second.wait(timeout=900)
-    lost_steps = kill_after - at_step
-    redone = [done_before[s]["step_seconds"] for s in range(at_step + 1, kill_after + 1)]
-    partial = t_kill - seen[kill_after]
+    lost_steps = killed_in - 1 - at_step
+    redone = [done_before[s]["step_seconds"] for s in range(at_step + 1, killed_in)]
+    partial = t_kill - seen[killed_in - 1]
     # The resume line is seen when the load has ended; the load began load_s earlier.
     startup_s = max(t_resumed - load_s - t_relaunch, 0.0)
     parts = {
@@ -268,12 +279,7 @@ def measure_spares(steps: int, kill_after: int, tmp: Path) -> dict:
         os.kill(beat["pid"], signal.SIGKILL)
         _wait(lambda: "ended first, with exit code" in text(), None, "the failed rank's line")
         t_detected = time.monotonic()
-        killed_in = kill_after + 1
-        done_before = {r["step"]: r for r in _records(steps_file)}
-        if killed_in in done_before:
-            raise SystemExit(
-                f"recovery: step {killed_in} finished before the kill landed; raise --kill-after"
-            )
+        killed_in, done_before = _killed_in(steps_file, steps)
         _wait(lambda: "(step 2 of this job)" in text(), None, "the restart on the spare")
         t_restart = time.monotonic()
         resumed = _wait(lambda: RESUMED.search(text()), None, "the resume line")
@@ -288,15 +294,15 @@ def measure_spares(steps: int, kill_after: int, tmp: Path) -> dict:
         t_next = time.monotonic()
         _wait(lambda: "megatron-rl job" in text() and " done, exit code" in text(), None, "the job's end")
         exit_code = int(re.search(r" done, exit code (\d+)", text()).group(1))
-        redone = [done_before[s]["step_seconds"] for s in range(at_step + 1, kill_after + 1)]
-        partial = t_kill - seen[kill_after]
+        redone = [done_before[s]["step_seconds"] for s in range(at_step + 1, killed_in)]
+        partial = t_kill - seen[killed_in - 1]
         return {
             "recipe": "grpo_tiny_cpu",
             "ranks": 2,
             "steps": steps,
             "killed": {"rank": 1, "host": beat["host"], "in_step": killed_in, "after_s_of_it": partial},
             "resumed_at_step": at_step,
-            "lost_steps": kill_after - at_step,
+            "lost_steps": killed_in - 1 - at_step,
             "lost_work_s": partial + sum(redone),
             "step_s_mean": mean_step,
             "detection_s": t_detected - t_kill,
