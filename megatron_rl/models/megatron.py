@@ -181,10 +181,21 @@ def layer_spec(spec: ModelSpec, use_te: bool | None = None):
     return S.get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=spec.qk_norm, **moe)
 
 
-def build_gpt(spec: ModelSpec, config, padded_vocab: int, pre_process: bool, post_process: bool, use_te=None):
-    """A GPTModel for one PP stage. Call after `parallel_state.initialize_model_parallel`."""
+def build_gpt(
+    spec: ModelSpec,
+    config,
+    padded_vocab: int,
+    pre_process: bool,
+    post_process: bool,
+    use_te=None,
+    groups=None,
+):
+    """A GPTModel for one PP stage. Call after `parallel_state.initialize_model_parallel`. `groups`: a
+    ProcessGroupCollection for a model at a layout of its own (trainer/model_groups.py); None = the global
+    groups. The model never sees which: megatron-core's modules take the groups they are given."""
     from megatron.core.models.gpt import GPTModel
 
+    own = {"pg_collection": groups} if groups is not None else {}
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(spec, use_te),
@@ -196,6 +207,7 @@ def build_gpt(spec: ModelSpec, config, padded_vocab: int, pre_process: bool, pos
         position_embedding_type="rope",
         rotary_base=int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta,
         parallel_output=True,
+        **own,
     )
     apply_rope_scaling(model, spec)
     return model

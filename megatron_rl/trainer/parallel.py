@@ -39,6 +39,9 @@ class ParallelState:
     layout: ParallelLayout
     device: torch.device
     cpu_group: object = None  # explicit gloo group over every rank, for host tensors
+    # A model at a layout other than megatron-core's global one (trainer/model_groups.py): its own
+    # ProcessGroupCollection; None = the global groups, the trainer's.
+    groups: object = None
 
     @property
     def coord(self) -> TrainerCoord:

@@ -113,10 +113,15 @@ class Policy:
         else:
             spec_built = spec
         model = build_gpt(
-            spec_built, self.config, self.padded_vocab, state.is_first_stage, state.is_last_stage
+            spec_built,
+            self.config,
+            self.padded_vocab,
+            state.is_first_stage,
+            state.is_last_stage,
+            groups=state.groups,
         )
         if head == "value":
-            attach_value_head(model, self.config)
+            attach_value_head(model, self.config, state.groups)
         self.model = model.to(state.device)
         self.ddp = None
         self.optimizer = None
@@ -141,7 +146,10 @@ class Policy:
             overlap_grad_reduce=False,
             use_distributed_optimizer=o.distributed_optimizer,
         )
-        self.ddp = DistributedDataParallel(config=self.config, ddp_config=ddp_cfg, module=self.model)
+        groups = self.state.groups  # None: megatron-core's global groups (the trainer's layout)
+        self.ddp = DistributedDataParallel(
+            config=self.config, ddp_config=ddp_cfg, module=self.model, pg_collection=groups
+        )
         ocfg = OptimizerConfig(
             optimizer="adam",
             lr=o.lr,
@@ -156,7 +164,10 @@ class Policy:
             params_dtype=self.config.params_dtype,
             use_distributed_optimizer=o.distributed_optimizer,
         )
-        self.optimizer = get_megatron_optimizer(ocfg, [self.ddp])
+        # megatron-core makes no gloo twins of a model's own groups (their CPU-side uses are the
+        # distributed optimizer's dp-zero state gathers, which the sharded checkpoints do not take)
+        own = {"pg_collection": groups, "use_gloo_process_groups": False} if groups is not None else {}
+        self.optimizer = get_megatron_optimizer(ocfg, [self.ddp], **own)
         self.scheduler = lr_scheduler(self.optimizer, o)
         self.config.no_sync_func = self.ddp.no_sync
         self.config.finalize_model_grads_func = finalize_model_grads
@@ -198,9 +209,18 @@ class Policy:
     def _run(self, mbs: list[Microbatch], forward_only: bool, step_fn) -> list[dict]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        fb = get_forward_backward_func()
         model = self.ddp if (self.ddp is not None and not forward_only) else self.model
         seq_len = mbs[0].tokens_BS.shape[1]
+        groups = self.state.groups
+        if groups is None:  # the trainer's layout: megatron-core's global groups
+            fb, own = get_forward_backward_func(), {}
+        else:  # a layout of its own: the schedule, its p2p and the gradients' finalisation on its groups
+            from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+
+            fb = get_forward_backward_func(pp_size=self.state.pp, vp_size=None)
+            own = {"pg_collection": groups}
+            if self.state.pp > 1:
+                own["p2p_communicator"] = P2PCommunicator(pp_group=groups.pp, config=self.config)
         with torch.set_grad_enabled(not forward_only), replaying(self.model, mbs[0].routes is not None):
             return fb(
                 forward_step_func=step_fn,
@@ -210,6 +230,7 @@ class Policy:
                 seq_length=seq_len,
                 micro_batch_size=mbs[0].tokens_BS.shape[0],
                 forward_only=forward_only,
+                **own,
             )
 
     def _forward(self, model, mb: Microbatch) -> torch.Tensor:
@@ -356,10 +377,14 @@ class Policy:
         host tensors."""
         if self.state.pp == 1:
             return values
-        from megatron.core import parallel_state as ps
+        if self.state.groups is not None:
+            group = self.state.groups.pp
+            src = dist.get_global_rank(group, self.state.pp - 1)
+        else:
+            from megatron.core import parallel_state as ps
 
-        src = ps.get_pipeline_model_parallel_last_rank()
-        group = ps.get_pipeline_model_parallel_group()
+            src = ps.get_pipeline_model_parallel_last_rank()
+            group = ps.get_pipeline_model_parallel_group()
         if values is None:
             values = [
                 torch.empty(

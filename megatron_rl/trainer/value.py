@@ -51,20 +51,21 @@ class ValueHead(torch.nn.Module):
         return values, None
 
 
-def attach_value_head(model, config) -> None:
+def attach_value_head(model, config, groups=None) -> None:
     """Replace a last-stage GPTModel's output layer with a zero value head (in place, before any wrapper:
-    DDP and the optimizer must see the head's parameter, not the vocabulary's)."""
+    DDP and the optimizer must see the head's parameter, not the vocabulary's). `groups`: the model's own
+    process groups (trainer/model_groups.py), else megatron-core's global ones."""
     from megatron.core import parallel_state as ps
 
     if not getattr(model, "post_process", False):
         return
     device = next(model.parameters()).device
+    if groups is not None:
+        tp_group = groups.tp
+    else:
+        tp_group = ps.get_tensor_model_parallel_group() if ps.model_parallel_is_initialized() else None
     head = ValueHead(
-        config.hidden_size,
-        config.params_dtype,
-        bool(config.sequence_parallel),
-        ps.get_tensor_model_parallel_group() if ps.model_parallel_is_initialized() else None,
-        device=device,
+        config.hidden_size, config.params_dtype, bool(config.sequence_parallel), tp_group, device=device
     )
     model.output_layer = head
 

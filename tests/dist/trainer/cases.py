@@ -110,8 +110,19 @@ def reward_checkpoint(spec_name: str) -> str:
     return f"reward_{spec_name}"
 
 
-def value_case_name(spec_name: str, tp: int, pp: int, sp: bool) -> str:
-    return f"{spec_name}_tp{tp}pp{pp}" + ("sp" if sp else "")
+# The same value models at a layout of their own (trainer/model_groups.py: PPO's critic at critic.tp/pp),
+# built from explicit process groups while megatron-core's global groups stay at TP1 x DP4 (the trainer's).
+# They must give what the global groups give at the same TP x PP, against the same references.
+OWN_VALUE_CASES = [
+    ("qwen2_tiny", 2, 1, False),
+    ("qwen2_tiny", 2, 1, True),
+    ("qwen2_tiny", 1, 2, False),
+    ("qwen2_tiny", 2, 2, False),
+]
+
+
+def value_case_name(spec_name: str, tp: int, pp: int, sp: bool, own: bool = False) -> str:
+    return f"{spec_name}_tp{tp}pp{pp}" + ("sp" if sp else "") + ("_own" if own else "")
 
 
 def value_targets(seqs, prompt_lens):

@@ -24,6 +24,7 @@ from tests.dist.trainer.cases import (
     OPTIM,
     TEMPERATURE,
     TRAIN_CASES,
+    OWN_VALUE_CASES,
     VALUE_CASES,
     VALUE_TRAIN_CASES,
     VALUE_TRAIN_SPEC,
@@ -275,7 +276,15 @@ def _value_case_id(case) -> str:
     return value_case_name(*case)
 
 
-@pytest.mark.parametrize("case", VALUE_CASES, ids=_value_case_id)
+# Each value case at megatron-core's global groups, and the own-layout cases (trainer/model_groups.py) as
+# 5-tuples ending in own=True: both against the same references.
+ALL_VALUE_CASES = VALUE_CASES + [(*c, True) for c in OWN_VALUE_CASES]
+ALL_VALUE_TRAIN_CASES = VALUE_TRAIN_CASES + [
+    (tp, pp, sp, True) for _, tp, pp, sp in OWN_VALUE_CASES if (tp, pp, sp) in VALUE_TRAIN_CASES
+]
+
+
+@pytest.mark.parametrize("case", ALL_VALUE_CASES, ids=_value_case_id)
 def test_reward_model_scores_and_values_match_transformers(run, case):
     """A value model loaded from a one-label *ForSequenceClassification checkpoint: its scores equal
     transformers' on the same tokens, and its per-token values transformers' score(hidden) at each
@@ -314,7 +323,9 @@ def _value_adamw_reference(ckpt):
     return _adamw_step(model, loss / tokens)
 
 
-@pytest.mark.parametrize("trained", VALUE_TRAIN_CASES, ids=lambda c: value_case_name(VALUE_TRAIN_SPEC, *c))
+@pytest.mark.parametrize(
+    "trained", ALL_VALUE_TRAIN_CASES, ids=lambda c: value_case_name(VALUE_TRAIN_SPEC, *c)
+)
 def test_value_step_equals_adamw_reference(run, trained):
     """One value-model optimizer step (TP2 x DP2, the same with sequence parallelism, TP2 x PP2) equals
     torch AdamW on the HF model's per-token scores. With sequence parallelism the head gathers the
@@ -381,3 +392,24 @@ def test_job_rank_0_reads_the_problem_set_and_every_rank_gets_it(run):
     unexpected = [r["unexpected"]["error"] for r in every]
     assert unexpected[0] == "KeyError: 'question'"
     assert all(m.startswith("RuntimeError:") and "KeyError" in m for m in unexpected[1:]), unexpected
+
+
+def test_critic_from_policy_at_another_layout_copies_every_weight(run):
+    """critic.init=policy at a layout of its own (trainer/model_groups.py copy_weights): a TP1 policy's
+    weights land in a TP2 x PP2 value model exactly, each rank taking its shard of every full tensor; the
+    vocabulary rows re-padded for TP2, the value head left at zero."""
+    out, _, _ = run
+    spec = SPECS[VALUE_TRAIN_SPEC]
+    r = torch.load(out / "critic_from_policy.pt")
+    source, copy = r["source"], r["copy"]
+    body = [n for n in copy if n != HEAD_PARAM]
+    assert r["copied"] == sorted(body) and len(body) > 10, "every weight of every stage, once"
+    for name in body:
+        a, b = source[name], copy[name]
+        if a.shape != b.shape:  # vocabulary rows: the same rows, each layout's own padding after them
+            n = spec.vocab_size
+            assert a.shape[1:] == b.shape[1:] and torch.equal(a[:n], b[:n]), name
+            assert not b[n:].any(), f"{name}: padding rows were copied"
+        else:
+            assert torch.equal(a, b), name
+    assert not copy[HEAD_PARAM].any(), "the value head must start at zero"

@@ -24,7 +24,12 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert precision["settings"]["env"]["TRITON_F32_DEFAULT"] == "ieee"
     assert precision["settings"]["torch_matmul_allow_tf32"] is False
     assert precision["measured"]["tf32"] is False and precision["measured"]["te_linear"] is None
-    assert precision["fp32_tolerance"] == report["hf"]["fp32_tolerance"] == report["moe"]["fp32_tolerance"] == 1e-4
+    assert (
+        precision["fp32_tolerance"]
+        == report["hf"]["fp32_tolerance"]
+        == report["moe"]["fp32_tolerance"]
+        == 1e-4
+    )
     assert report["hf"]["max_abs_diff_vs_hf"]["fp32"] <= 1e-4
     assert "current_device" in report["hf"]["cpu_patches_applied"]  # CPU: the patches are what runs
     assert report["train"]["metrics"]["update_successful"] == 1.0 and report["train"]["max_param_change"] > 0

@@ -30,6 +30,7 @@ from tests.dist.trainer.cases import (
     OPTIM,
     TEMPERATURE,
     TRAIN_CASES,
+    OWN_VALUE_CASES,
     VALUE_CASES,
     VALUE_TRAIN_CASES,
     VALUE_TRAIN_SPEC,
@@ -122,6 +123,7 @@ def main() -> None:
     if rank == 0:
         (OUT / "malformed.json").write_text(json.dumps(results, indent=1))
     value_models(rank)
+    own_layout_value_models(rank)
     shared_problems(rank)
     dist.barrier()
 
@@ -202,34 +204,68 @@ def value_models(rank: int) -> None:
     global_tokens = float(sum(len(s) - p for s, p in zip(seqs, prompt_lens)))
     layout = None
     for spec_name, tp, pp, sp in VALUE_CASES:
-        spec, tag = SPECS[spec_name], value_case_name(spec_name, tp, pp, sp)
         if (tp, pp, sp) != layout:  # the cases come grouped by layout: build the groups once per layout
             st, layout = reinit(tp, pp, sequence_parallel=sp), (tp, pp, sp)
-        trains = spec_name == VALUE_TRAIN_SPEC and (tp, pp, sp) in VALUE_TRAIN_CASES
-        vm = Policy(spec, st, head="value", optim=OptimSettings(**OPTIM) if trains else None)
-        ckpt = CKPTS / reward_checkpoint(spec_name)
-        load_hf_into(vm.model, spec, ckpt, tp, st.tp_rank, vm.padded_vocab, value_head=True)
-        got = {"scores": vm.scores(seqs), "values": vm.values(seqs, prompt_lens)}
-        if rank == 0:  # the first stage: with PP2, what the last stage sent it
-            torch.save(got, OUT / f"value_{tag}.pt")
-        if trains:  # each DP rank its contiguous share, the loss normalised by the global token count
-            n = len(seqs) // st.dp
-            mine = slice(st.dp_rank * n, (st.dp_rank + 1) * n)
-            targets = value_targets(seqs, prompt_lens)[mine]
-            metrics = vm.train_step(
-                seqs[mine], prompt_lens[mine], value_loss(global_tokens), extras={"target": targets}
-            )
-            full = full_state(vm)
-            if rank == 0:
-                torch.save(full, OUT / f"value_params_{tag}.pt")
-            if rank == dist.get_world_size() - 1:
-                (OUT / f"value_metrics_{tag}.json").write_text(json.dumps(metrics))
-            # Every last-stage rank's copy of the head: replicated over TP and DP, after the step too.
-            head = dict(vm.named_parameters_global()).get(HEAD_PARAM)
-            if head is not None:
-                torch.save(head.detach().cpu(), OUT / f"value_head_{tag}_rank{rank}.pt")
+        vm = _value_case(rank, st, spec_name, seqs, prompt_lens, global_tokens, own=False)
         if (spec_name, tp, pp, sp) == (VALUE_TRAIN_SPEC, 2, 1, False):
-            _refuse_reward_model_without_score(vm, spec, st, rank)
+            _refuse_reward_model_without_score(vm, SPECS[spec_name], st, rank)
+
+
+def own_layout_value_models(rank: int) -> None:
+    """The value cases again at layouts of their own (trainer/model_groups.py) under megatron-core's global
+    groups at TP1 x DP4; then a policy at TP1 copied into a value model at TP2 x PP2 (critic.init=policy)."""
+    from megatron_rl.trainer.model_groups import copy_weights, state_at
+
+    seqs, prompt_lens = batch()
+    global_tokens = float(sum(len(s) - p for s, p in zip(seqs, prompt_lens)))
+    trainer = reinit(1, 1)
+    for spec_name, tp, pp, sp in OWN_VALUE_CASES:
+        layout = trainer.layout.with_(
+            tp=tp, pp=pp, dp=trainer.layout.trainer_world // (tp * pp), sequence_parallel=sp
+        )
+        st = state_at(trainer, layout, timeout_s=300)
+        _value_case(rank, st, spec_name, seqs, prompt_lens, global_tokens, own=True)
+    spec = SPECS[VALUE_TRAIN_SPEC]
+    policy = Policy(spec, trainer)
+    load_hf_into(policy.model, spec, CKPTS / spec.name, 1, trainer.tp_rank, policy.padded_vocab)
+    st = state_at(trainer, trainer.layout.with_(tp=2, pp=2, dp=1), timeout_s=300)
+    critic = Policy(spec, st, head="value")
+    copied: list = [None] * dist.get_world_size()
+    dist.all_gather_object(copied, copy_weights(policy, critic, skip=(HEAD_PARAM,)), group=trainer.cpu_group)
+    copied = sorted({n for names in copied for n in names})
+    source, copy = full_state(policy), full_state(critic)
+    if rank == 0:
+        torch.save({"source": source, "copy": copy, "copied": copied}, OUT / "critic_from_policy.pt")
+
+
+def _value_case(rank, st, spec_name, seqs, prompt_lens, global_tokens, own: bool):
+    """Scores and values of one value model at `st`'s layout; one optimizer step at the training layouts."""
+    tp, pp, sp = st.tp, st.pp, st.layout.sequence_parallel
+    spec, tag = SPECS[spec_name], value_case_name(spec_name, tp, pp, sp, own)
+    trains = spec_name == VALUE_TRAIN_SPEC and (tp, pp, sp) in VALUE_TRAIN_CASES
+    vm = Policy(spec, st, head="value", optim=OptimSettings(**OPTIM) if trains else None)
+    ckpt = CKPTS / reward_checkpoint(spec_name)
+    load_hf_into(vm.model, spec, ckpt, tp, st.tp_rank, vm.padded_vocab, value_head=True)
+    got = {"scores": vm.scores(seqs), "values": vm.values(seqs, prompt_lens)}
+    if rank == 0:  # the first stage: with PP2, what the last stage sent it
+        torch.save(got, OUT / f"value_{tag}.pt")
+    if trains:  # each DP rank its contiguous share, the loss normalised by the global token count
+        n = len(seqs) // st.dp
+        mine = slice(st.dp_rank * n, (st.dp_rank + 1) * n)
+        targets = value_targets(seqs, prompt_lens)[mine]
+        metrics = vm.train_step(
+            seqs[mine], prompt_lens[mine], value_loss(global_tokens), extras={"target": targets}
+        )
+        full = full_state(vm)
+        if rank == 0:
+            torch.save(full, OUT / f"value_params_{tag}.pt")
+        if rank == dist.get_world_size() - 1:
+            (OUT / f"value_metrics_{tag}.json").write_text(json.dumps(metrics))
+        # Every last-stage rank's copy of the head: replicated over TP and DP, after the step too.
+        head = dict(vm.named_parameters_global()).get(HEAD_PARAM)
+        if head is not None:
+            torch.save(head.detach().cpu(), OUT / f"value_head_{tag}_rank{rank}.pt")
+    return vm
 
 
 def _refuse_reward_model_without_score(vm, spec, st, rank: int) -> None:
