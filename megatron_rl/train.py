@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         # PPO: the critic, a value model trained beside the policy; a learned reward model, frozen, on the
         # host between its uses
         critic = build_critic(run, procs.state, policy) if algo.name == "ppo" else None
+        if critic is not None and critic.state.groups is not None:  # critic.tp/pp: a layout of its own
+            log.say(ppo.own_layout_line(critic, procs.state))
         reward_model = build_reward_model(run, procs.state) if run.reward_spec is not None else None
         # Colocated: this rank's engine and reward pool, time-sharing the device with the trainer
         side = components.build_colocated(run, procs, log, policy, reference, critic, problems)
@@ -171,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             with log.phase("ref_logprobs"):
                 ref = scored(reference, samples, mine, temp, replay)
 
-        if critic is not None:  # PPO: the critic's values of this rank's samples
+        if (
+            critic is not None
+        ):  # PPO: the critic's values of this rank's samples (its own share at its own layout)
             with log.phase("critic_values"):
-                values = ppo.critic_values(critic, samples, mine)
+                values = ppo.critic_values(critic, samples, mine, procs.cpu_group)
 
         # 3. the rewards: the forwards above ran while the reward pool scored (synchronous runs); its last
         #    results arrive now, and with a reward model, each reward is the recipe's weighted sum of the
@@ -200,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             adv, returns, ppo_metrics = ppo.advantages(
                 samples, mine, values, algo, ro.max_new_tokens, ro.turn_penalty, kl, procs.dp_cpu_group
             )
+            returns = ppo.critic_targets(critic, returns, procs.cpu_group)
         keep = loss_mask_keep(samples, algo)
 
         # 5. k minibatches, one optimizer step each. Without a recompute, the first minibatch's forward
@@ -231,13 +236,14 @@ def main(argv: list[str] | None = None) -> int:
                     agreement = agreement_of(idx, forward)
                 train_metrics.append(out)
             if critic is not None and epoch < critic_epochs(cfg):
+                share = ppo.critic_share(critic, everyone, idx)
                 with log.phase("critic_train"):
                     critic_outs.append(
                         critic.train_step(
-                            [trained[i] for i in idx],
-                            prompt_lens,
+                            [samples[i].sequence for i in share],
+                            [samples[i].prompt_len for i in share],
                             ppo.value_loss_fn(algo, ro.max_new_tokens, normaliser),
-                            extras=ppo.critic_extras(samples, idx, keep, values, returns),
+                            extras=ppo.critic_extras(samples, share, keep, values, returns),
                         )
                     )
         if agreement is None:  # PPO's critic-only steps: the policy did not train, one forward for the check

@@ -1,7 +1,8 @@
 """The rules of PPO's critic and of a learned reward model: what cannot run, named by its key.
 
 Part of the one recipe check (check/rules.py RULES). GRPO takes none of PPO's keys (a recipe that sets
-them under algorithm.name=grpo would silently ignore them); the critic shares the trainer's process groups;
+them under algorithm.name=grpo would silently ignore them); the critic runs on the trainer's ranks, at
+the trainer's layout or its own (critic.tp, critic.pp: trainer/model_groups.py);
 a reward model and a critic started from one must read the policy's tokens (the same tokenizer), and must
 be sequence-classification checkpoints with one label.
 """
@@ -48,11 +49,7 @@ def ppo(run) -> list[Problem]:
     if not lay.colocated:
         bad("layout.placement", "separated with algorithm.name=ppo is not run yet (the critic has been run "
             "colocated only); use layout.placement=colocated. The planner still models it", "driver")  # fmt: skip
-    for key, own, trainer in (("critic.tp", critic.tp, lay.tp), ("critic.pp", critic.pp, lay.pp)):
-        if own not in (0, trainer):
-            bad(key, f"must be 0 or the trainer's {key.split('.')[1]}={trainer}: the critic trains on the trainer's "
-                "process groups (megatron-core keeps one set per process), so its layout is the trainer's; give it "
-                "its own critic.micro_batch_size or critic.recompute instead")  # fmt: skip
+    out += critic_layout_problems(run)
     if critic.critic_only_steps >= cfg.steps:
         bad("critic.critic_only_steps", f"must be below steps={cfg.steps}: the policy would never train")
     if alg.dynamic_sampling:
@@ -61,11 +58,65 @@ def ppo(run) -> list[Problem]:
     spec = run.critic_spec
     if spec is not None and critic.init != "policy":
         out += side_model_problems(run, critic.init, "critic.init")
-    mbs = critic.micro_batch_size
-    per_rank = cfg.data.prompts_per_step * cfg.rollout.samples_per_prompt // alg.minibatches // max(lay.dp, 1)
-    if mbs and per_rank and per_rank % mbs:
-        bad("critic.micro_batch_size", f"must divide each rank's {per_rank} samples of a minibatch (0: "
-            f"optim.micro_batch_size={cfg.optim.micro_batch_size})")  # fmt: skip
+    # the critic's micro-batch size (0: the policy's) against its own DP share; at the trainer's layout and
+    # size the trainer's rule already covers it
+    mbs = critic.micro_batch_size or cfg.optim.micro_batch_size
+    per_minibatch = cfg.data.prompts_per_step * cfg.rollout.samples_per_prompt // alg.minibatches
+    per_rank = per_minibatch // max(critic_dp(run), 1)
+    own_layout = lay.for_model(critic.tp, critic.pp) is not lay if critic_dp(run) else False
+    if (critic.micro_batch_size or own_layout) and per_rank and per_rank % mbs:
+        taken = "" if critic.micro_batch_size else f" (0 takes optim.micro_batch_size={mbs}: set this key)"
+        bad(
+            "critic.micro_batch_size",
+            f"must divide each critic rank's {per_rank} samples of a minibatch{taken}",
+        )
+    return out
+
+
+def critic_dp(run) -> int:
+    """The critic's data-parallel size: the trainer's ranks over critic.tp x critic.pp (0 when they do not
+    divide them; critic_layout_problems says so)."""
+    c, lay = run.recipe.critic, run.layout
+    tp, pp = c.tp or lay.tp, c.pp or lay.pp
+    return 0 if lay.trainer_world % (tp * pp) else lay.trainer_world // (tp * pp) // lay.cp
+
+
+def critic_layout_problems(run) -> list[Problem]:
+    """critic.tp and critic.pp: a layout of the critic's own on the trainer's ranks (trainer/model_groups.py)
+    must split the trainer's ranks and the critic's model, give every critic rank samples, and be dense
+    without context parallelism (the expert and context groups are the trainer's)."""
+    cfg, c, lay = run.recipe, run.recipe.critic, run.layout
+    out: list[Problem] = []
+    tp, pp = c.tp or lay.tp, c.pp or lay.pp
+    if (tp, pp) == (lay.tp, lay.pp):
+        return out
+    key = "critic.tp" if tp != lay.tp else "critic.pp"
+
+    def bad(message: str) -> None:
+        out.append(_problem(run, key, message))
+
+    world = lay.trainer_world
+    if world % (tp * pp):
+        bad(f"critic.tp x critic.pp = {tp} x {pp} must divide the trainer's {world} ranks (the critic runs on "
+            "them at its own layout)")  # fmt: skip
+        return out
+    spec = run.critic_spec or run.spec
+    if lay.cp > 1 or lay.ep > 1 or spec.is_moe:
+        bad(f"a critic at its own layout must be dense and the trainer without context or expert parallelism "
+            f"(layout.cp={lay.cp}, layout.ep={lay.ep}, MoE={spec.is_moe}); use critic.tp=0 and critic.pp=0")  # fmt: skip
+    for what, n in (
+        ("num_attention_heads", spec.num_attention_heads),
+        ("num_query_groups", spec.num_query_groups),
+    ):
+        if n % tp:
+            out.append(_problem(run, "critic.tp", f"={tp} does not divide the critic's {what}={n}"))
+    if spec.num_layers < pp:
+        out.append(_problem(run, "critic.pp", f"={pp} exceeds the critic's {spec.num_layers} layers"))
+    dp = world // (tp * pp) // lay.cp
+    per_minibatch = cfg.data.prompts_per_step * cfg.rollout.samples_per_prompt // cfg.algorithm.minibatches
+    if per_minibatch < dp:
+        bad(f"gives the critic {dp} data-parallel ranks and a minibatch has {per_minibatch} samples: each rank "
+            "needs one; raise the batch or lower algorithm.minibatches")  # fmt: skip
     return out
 
 
@@ -130,18 +181,20 @@ def side_model_problems(run, hf_dir: str, key: str) -> list[Problem]:
             out.append(Problem(key, hf_dir, f"has another tokenizer than the policy's ({differs}): it would score "
                                "token ids that mean other text; use a reward model trained on the policy's tokenizer"))  # fmt: skip
     if spec is not None:
-        tp = run.layout.tp
+        # the reward model runs at the trainer's layout; the critic at its own (critic.tp/pp, 0 = the trainer's)
+        c = run.recipe.critic if key == "critic.init" else None
+        tp = (c.tp if c else 0) or run.layout.tp
+        pp = (c.pp if c else 0) or run.layout.pp
+        at = "critic.tp" if c and c.tp else "layout.tp"
         for what, n in (
             ("num_attention_heads", spec.num_attention_heads),
             ("num_query_groups", spec.num_query_groups),
         ):
             if n % tp:
-                out.append(Problem(key, hf_dir, f"has {what}={n}, which layout.tp={tp} does not divide (it runs at the "
-                                   "trainer's layout)"))  # fmt: skip
-        if spec.num_layers < run.layout.pp:
-            out.append(
-                Problem(key, hf_dir, f"has {spec.num_layers} layers, fewer than layout.pp={run.layout.pp}")
-            )
+                out.append(Problem(key, hf_dir, f"has {what}={n}, which {at}={tp} does not divide (the TP it "
+                                   "runs at)"))  # fmt: skip
+        if spec.num_layers < pp:
+            out.append(Problem(key, hf_dir, f"has {spec.num_layers} layers, fewer than its pp={pp}"))
     return out
 
 

@@ -108,11 +108,14 @@ def sharded_state(policy, reference=None, loading: bool = False, critic=None) ->
     if reference is not None:
         state["reference"] = reference.model.sharded_state_dict(prefix="reference.")
     if critic is not None:
-        critic_sd = critic.model.sharded_state_dict(prefix="critic.")
+        # a critic at its own layout (trainer/model_groups.py) names its own DP group: megatron-core would
+        # take the trainer's to decide which copy of each shard is the one written
+        own = {"dp_cp_group": critic.state.groups.dp} if critic.state.groups is not None else {}
+        critic_sd = critic.model.sharded_state_dict(prefix="critic.", metadata=own or None)
         state["critic"] = critic_sd
         prime_optimizer_state(critic.optimizer)
         state["critic_optimizer"] = critic.optimizer.sharded_state_dict(
-            critic_sd, is_loading=loading, metadata=FORMAT
+            critic_sd, is_loading=loading, metadata={**FORMAT, **own}
         )
         if not loading:
             state[CRITIC_SCHEDULER_KEY] = critic.scheduler.state_dict()

@@ -113,6 +113,25 @@ class ParallelLayout:
     def with_(self, **kw) -> ParallelLayout:
         return replace(self, **kw)
 
+    def for_model(self, tp: int = 0, pp: int = 0) -> ParallelLayout:
+        """A second model's layout on the same trainer ranks (PPO's critic: critic.tp, critic.pp; 0 = this
+        layout's): DP = the ranks over TP x PP, an even layer split, sequence parallelism kept only where
+        TP > 1. Itself when both are this layout's. Raises when TP x PP does not divide the ranks."""
+        tp, pp = tp or self.tp, pp or self.pp
+        if (tp, pp) == (self.tp, self.pp):
+            return self
+        world = self.trainer_world
+        if world % (tp * pp):
+            raise ValueError(f"tp x pp = {tp} x {pp} does not divide the trainer's {world} ranks")
+        return replace(
+            self,
+            tp=tp,
+            pp=pp,
+            dp=world // (tp * pp) // self.cp,
+            pp_layers=(),
+            sequence_parallel=self.sequence_parallel and tp > 1,
+        )
+
     # ---- sizes ----
     @property
     def colocated(self) -> bool:

@@ -97,11 +97,17 @@ def frozen_copy(policy: Policy, run, state: ParallelState) -> Policy:
 
 
 def build_critic(run, state: ParallelState, policy: Policy) -> Policy:
-    """PPO's critic (`critic` group): a value model (trainer/value.py) with its own AdamW and LR schedule, at
-    the trainer's process groups with its own micro-batch size and recompute. `critic.init=policy`: the
-    policy's weights now (its LM head left out; the value head starts at zero); else an HF
-    sequence-classification checkpoint (a reward model), its score head included."""
+    """PPO's critic (`critic` group): a value model (trainer/value.py) with its own AdamW and LR schedule, its
+    own micro-batch size and recompute, on the trainer's ranks at the trainer's layout or at its own
+    (critic.tp, critic.pp: megatron-core groups of its own, trainer/model_groups.py). `critic.init=policy`:
+    the policy's weights now (its LM head left out; the value head starts at zero), resharded when the
+    layouts differ; else an HF sequence-classification checkpoint (a reward model), its score head included."""
     recipe, c = run.recipe, run.recipe.critic
+    own = state.layout.for_model(c.tp, c.pp)
+    if own is not state.layout:
+        from megatron_rl.trainer.model_groups import state_at
+
+        state = state_at(state, own, recipe.cluster.dist_timeout_s)
     layout = state.layout.with_(recompute=c.recompute) if c.recompute else None
     critic = Policy(
         run.critic_spec,
@@ -111,7 +117,11 @@ def build_critic(run, state: ParallelState, policy: Policy) -> Policy:
         head="value",
         layout=layout,
     )
-    if c.init == "policy":
+    if c.init == "policy" and state.groups is not None:
+        from megatron_rl.trainer.model_groups import copy_weights
+
+        copy_weights(policy, critic, skip=(HEAD_PARAM,))
+    elif c.init == "policy":
         src = dict(policy.named_parameters_global())
         with torch.no_grad():
             for name, p in critic.named_parameters_global():

@@ -37,12 +37,40 @@ def generated_mask(s: Sample) -> torch.Tensor:
     return torch.tensor(s.loss_mask, dtype=torch.float32, device="cpu")
 
 
-def critic_values(critic, samples: list[Sample], idx: list[int]) -> dict[int, torch.Tensor]:
-    """samples[i] -> the critic's value of the state before each of its completion tokens (i in idx, this DP
-    rank's share). Collective over the critic's model group."""
-    chosen = [samples[i] for i in idx]
-    values = critic.values([s.sequence for s in chosen], [s.prompt_len for s in chosen])
-    return dict(zip(idx, values))
+def critic_share(critic, everyone: list[int], idx: list[int]) -> list[int]:
+    """The samples this rank's critic scores and trains on, of `everyone` (a minibatch's, or the step's): the
+    trainer's DP share `idx` at the trainer's layout, else every critic.dp-th one from its own DP rank (the
+    critic's DP split is not the trainer's at a layout of its own, trainer/model_groups.py)."""
+    st = critic.state
+    if st.groups is None:
+        return idx
+    return sorted(everyone)[st.dp_rank :: st.dp]
+
+
+def critic_values(critic, samples: list[Sample], idx: list[int], cpu_group=None) -> dict[int, torch.Tensor]:
+    """samples[i] -> the critic's value of the state before each of its completion tokens, for i in idx (this
+    DP rank's share). Collective over the critic's model group. At a layout of its own the critic scores its
+    own share of the step and the shares are exchanged over every rank (`cpu_group`), so any split finds
+    them."""
+    mine = critic_share(critic, list(range(len(samples))), idx)
+    chosen = [samples[i] for i in mine]
+    values = dict(zip(mine, critic.values([s.sequence for s in chosen], [s.prompt_len for s in chosen])))
+    return values if critic.state.groups is None else gather_over_dp(values, cpu_group)
+
+
+def own_layout_line(critic, trainer) -> str:
+    """The start-up line of a critic at its own layout (critic.tp, critic.pp)."""
+    c, t = critic.state, trainer
+    return (
+        f"critic: tp={c.tp} pp={c.pp} dp={c.dp} (its own layout, on the trainer's ranks at tp={t.tp} pp={t.pp} "
+        f"dp={t.dp})"
+    )
+
+
+def critic_targets(critic, returns: dict[int, torch.Tensor], cpu_group=None) -> dict[int, torch.Tensor]:
+    """The returns (GAE's, per DP share of the trainer) where the critic's shares can read them: as they are
+    at the trainer's layout, exchanged over every rank (`cpu_group`) at a layout of its own."""
+    return returns if critic.state.groups is None else gather_over_dp(returns, cpu_group)
 
 
 def _grid(rows: list[torch.Tensor], width: int) -> torch.Tensor:

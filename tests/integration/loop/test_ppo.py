@@ -1,12 +1,14 @@
 """PPO with a critic and a learned reward model, through the whole loop (real megatron-core, vLLM CPU engines,
-the sandbox), sharing two launched runs of ppo_tiny_cpu:
+the sandbox), sharing three launched runs of ppo_tiny_cpu:
 
-- A: 4 steps, a checkpoint after every step, the first step critic-only, two passes over the minibatches,
+- A: 4 steps, the critic at a layout of its own (critic.tp=1: TP1 x DP2 beside the trainer's TP2 x DP1,
+  trainer/model_groups.py), a checkpoint after every step, the first step critic-only, two passes over the minibatches,
   and a random reward model (a tiny Qwen2 sequence classifier over the synthetic task's 17 tokens) whose
   score joins the sandbox's at weight 0.1;
 - B: the same run killed with SIGKILL after step 2's record, then resumed: steps 3 and 4 equal A's bit for
   bit, the critic's loss, explained variance and the reward model's scores included (the checkpoint
-  carries the critic, its optimizer and its LR schedule).
+  carries the critic, its optimizer and its LR schedule, at the critic's own layout);
+- C: 2 steps with the critic at the trainer's layout (the recipe's), sharing megatron-core's global groups.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def _extra(rm) -> list[str]:
         "checkpoint.keep_last=5",
         "checkpoint.async_save=true",
         "critic.critic_only_steps=1",
+        "critic.tp=1",
+        "critic.micro_batch_size=4",
         "algorithm.epochs=2",
         f"reward.model_checkpoint={rm}",
         f"reward.model_weight={RM_WEIGHT}",
@@ -64,6 +68,7 @@ def ppo_runs(tmp_path_factory):
         time.sleep(0.05)
     kill_run(proc)
     launch(tmp, STEPS, _extra(rm), name="B", recipe="ppo_tiny_cpu")  # resume=auto
+    launch(tmp, 2, ["logger.wandb=false", "checkpoint.interval=0"], name="C", recipe="ppo_tiny_cpu")
     return tmp
 
 
@@ -89,6 +94,20 @@ def test_every_step_records_the_critic_and_the_reward_model(ppo_runs):
     # checked by a forward of its own; every later step updates both, twice over 2 minibatches (epochs=2)
     assert recs[0]["train"] == {} and recs[0]["logprob_agreement"]["tokens"] > 0
     assert all("loss" in r["train"] and r["old_logprobs"] == "recompute" for r in recs[1:])
+
+
+def test_the_critic_at_its_own_layout_and_at_the_trainers(ppo_runs):
+    """A's critic ran at TP1 x DP2 on its own groups (the log says so at start-up); C's at the trainer's TP2,
+    on megatron-core's global groups: both record the critic's keys, and both critics learn on step 2 (a
+    value loss below step 1's, where a fresh head predicts 0 for every state)."""
+    log = (ppo_runs / "A.log").read_text()
+    assert "critic: tp=1 pp=1 dp=2 (its own layout" in log, log[-3000:]
+    assert "its own layout" not in (ppo_runs / "C.log").read_text()
+    for name in ("A", "C"):
+        recs = records(ppo_runs, name)
+        assert all(math.isfinite(r["value_loss"]) and r["critic_grad_norm"] > 0 for r in recs), name
+        assert recs[0]["values_mean"] == 0.0, "a fresh value head predicts 0"
+        assert recs[1]["values_mean"] != 0.0, f"{name}: the critic did not move"
 
 
 def test_the_reward_is_the_verifiers_plus_the_weighted_model_score(ppo_runs):

@@ -35,6 +35,18 @@ def test_the_ppo_recipe_validates():
     assert _keys("ppo_tiny_cpu") == {}
 
 
+def test_a_critic_at_its_own_layout_validates():
+    """critic.tp/pp other than the trainer's (trainer/model_groups.py): TP1 x DP2 and TP1 x PP2 beside the
+    trainer's TP2, and a micro-batch size checked against the critic's own DP share."""
+    assert _keys("ppo_tiny_cpu", "critic.tp=1", "critic.micro_batch_size=8") == {}
+    assert _keys("ppo_tiny_cpu", "critic.tp=1", "critic.pp=2") == {}  # TP1 x PP2: DP1, the trainer's share
+    problems = _keys("ppo_tiny_cpu", "critic.tp=1", "critic.micro_batch_size=16")
+    assert "must divide each critic rank's 8 samples" in problems["critic.micro_batch_size"], problems
+    # 0 takes the policy's, which fits the trainer's share but not the critic's smaller one
+    problems = _keys("ppo_tiny_cpu", "critic.tp=1")
+    assert "0 takes optim.micro_batch_size=16" in problems["critic.micro_batch_size"], problems
+
+
 @pytest.mark.parametrize(
     ("overrides", "key", "says"),
     [
@@ -52,11 +64,20 @@ def test_ppo_options_under_grpo_are_refused(overrides, key, says):
 @pytest.mark.parametrize(
     ("overrides", "key", "says"),
     [
-        (["critic.tp=1"], "critic.tp", "trains on the trainer's process groups"),
-        (["critic.pp=2"], "critic.pp", "must be 0 or the trainer's pp=1"),
+        (["critic.tp=3"], "critic.tp", "must divide the trainer's 2 ranks"),
+        (["critic.pp=2"], "critic.pp", "critic.tp x critic.pp = 2 x 2 must divide the trainer's 2 ranks"),
+        (
+            ["critic.tp=1", "algorithm.minibatches=64"],
+            "critic.tp",
+            "2 data-parallel ranks and a minibatch has 1",
+        ),
         (["critic.critic_only_steps=60"], "critic.critic_only_steps", "never train"),
         (["algorithm.dynamic_sampling=true"], "algorithm.dynamic_sampling", "a GRPO notion"),
-        (["critic.micro_batch_size=5"], "critic.micro_batch_size", "must divide each rank's 16 samples"),
+        (
+            ["critic.micro_batch_size=5"],
+            "critic.micro_batch_size",
+            "must divide each critic rank's 16 samples",
+        ),
         (["algorithm.gamma=1.5"], "algorithm.gamma", ""),
         (["algorithm.lam=-0.1"], "algorithm.lam", ""),
         (["algorithm.epochs=0"], "algorithm.epochs", ""),
