@@ -136,7 +136,7 @@ class AlgorithmConfig:
 @dataclass
 class CriticConfig:
     """PPO's value model (algorithm.name=ppo): a GPT body with one scalar per token (trainer/value.py), trained
-    by the clipped value loss with its own AdamW and LR schedule, at the trainer's layout.
+    by the clipped value loss with its own AdamW and LR schedule, at the trainer's layout or its own.
 
     `init`: "policy" starts from the policy's weights (its LM head replaced by a zero value head); a path to
     an HF `*ForSequenceClassification` checkpoint (a reward model) starts from that, score head included."""
@@ -157,8 +157,9 @@ class CriticConfig:
     # Passes of the critic over the step's minibatches (0 = algorithm.epochs): a critic that lags a moving
     # policy takes more steps on the same returns than the policy does.
     epochs: int = 0
-    # The critic's layout: tp and pp 0 = the trainer's (the only one this version runs: the critic shares
-    # the trainer's process groups); its own micro-batch size and activation recompute.
+    # The critic's layout on the trainer's ranks: tp and pp 0 = the trainer's (megatron-core's global groups);
+    # others give it groups of its own, DP the rest (trainer/model_groups.py: dense, no context parallelism).
+    # Its own micro-batch size and activation recompute.
     tp: int = 0
     pp: int = 0
     micro_batch_size: int = 0  # 0 = optim.micro_batch_size

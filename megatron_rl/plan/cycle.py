@@ -55,7 +55,7 @@ from megatron_rl.plan.flops import (
 from megatron_rl.plan.generation import Generation, generation
 from megatron_rl.plan.inputs import PER_EXPERT_FORWARD_S, PlanInputs
 from megatron_rl.plan.memory import GRAD_BYTES, memory_fit, stage_params, stage_params_per_gpu
-from megatron_rl.plan.models import LM, SCORE, VALUE, critic_recompute, critic_view, reward_view
+from megatron_rl.plan.models import LM, SCORE, VALUE, critic_layout, critic_view, reward_view
 from megatron_rl.plan.publication import publication
 from megatron_rl.plan.scoring import scoring
 
@@ -255,18 +255,18 @@ def trainer_phases(inp: PlanInputs, layout: ParallelLayout) -> dict:
     }
     if inp.critic is not None:
         c = critic_view(inp)
-        c_layout = layout.with_(recompute=critic_recompute(inp, layout.recompute))
+        c_layout = critic_layout(inp, layout)  # the trainer's, or critic.tp/pp's own
         cf = critic_flops(inp, c_layout.recompute)
-        out["critic_values"] = cf["values"] / rate * _stretch(c, layout, w.samples) + _pass_comm(
+        out["critic_values"] = cf["values"] / rate * _stretch(c, c_layout, w.samples) + _pass_comm(
             c, c_layout, w.samples, backward=False
         )
     out["train_fwd_bwd"] = train / rate * _stretch(inp, layout, per_minibatch) + steps * train_comm
     out["optimizer"] = steps * optimizer_step_seconds(inp, layout)
     if inp.critic is not None:
         critic_step = _pass_comm(c, c_layout, per_minibatch, backward=True) + optimizer_step_seconds(
-            c, layout, VALUE
+            c, c_layout, VALUE
         )
-        critic_compute = (cf["train"] + cf["recompute_extra"]) / rate * _stretch(c, layout, per_minibatch)
+        critic_compute = (cf["train"] + cf["recompute_extra"]) / rate * _stretch(c, c_layout, per_minibatch)
         out["critic_train"] = critic_compute + w.critic_epochs * w.minibatches * critic_step
     side_moe = any(m is not None and m.is_moe for m in (inp.reward_model, inp.critic and inp.critic.spec))
     if s.is_moe or side_moe:  # expert parallelism's token all-to-all (plan/alltoall.py), outside the MFU

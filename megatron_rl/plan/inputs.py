@@ -144,12 +144,15 @@ class Assumptions:
 @dataclass(frozen=True)
 class CriticInputs:
     """PPO's value model (algorithm.name=ppo): a GPT body of `spec`'s shape with a one-output value head
-    (no vocabulary-sized output layer), trained with its own AdamW at the trainer's layout."""
+    (no vocabulary-sized output layer), trained with its own AdamW on the trainer's GPUs, at the trainer's
+    layout or its own TP x PP (DP the rest)."""
 
     spec: ModelSpec
     micro_batch_size: int  # critic.micro_batch_size, or optim.micro_batch_size when that is 0
     recompute: str = ""  # critic.recompute; "" = the layout's
     init: str = "policy"  # critic.init: the policy's weights, or an HF reward model's path
+    tp: int = 0  # critic.tp; 0 = the trainer's
+    pp: int = 0  # critic.pp; 0 = the trainer's
 
 
 @dataclass(frozen=True)
@@ -293,6 +296,8 @@ def inputs_from_run(run) -> PlanInputs:
             micro_batch_size=cr.micro_batch_size or recipe.optim.micro_batch_size,
             recompute=cr.recompute,
             init=cr.init,
+            tp=cr.tp,
+            pp=cr.pp,
         )
     return PlanInputs(
         name=recipe.name,

@@ -72,6 +72,7 @@ from megatron_rl.plan.models import (
     LM,
     SCORE,
     VALUE,
+    critic_layout,
     critic_recompute,
     critic_view,
     reward_view,
@@ -226,7 +227,7 @@ def trainer_memory(inp: PlanInputs, layout: ParallelLayout, recompute: str | Non
     runtime = _runtime(inp, TRAINER_RUNTIME_GIB)
     policy = _trained_stages(inp, layout, recompute, LM)
     critic_rec = critic_recompute(inp, recompute)
-    critic = _trained_stages(critic_view(inp), layout, critic_rec, VALUE) if inp.critic else None
+    critic = _critic_stages(inp, layout, critic_rec) if inp.critic else None
     reward = _frozen_stages(reward_view(inp), layout, SCORE) if inp.reward_model else None
     best: dict | None = None
     for i, pol in enumerate(policy):
@@ -274,6 +275,20 @@ def _worst(parts: dict) -> float:
     """The largest trainer moment of a stage (training, the reference's forward, the reward model's)."""
     worst = max(parts["total"], parts["reference_logprobs_total"])
     return max(worst, parts["reward_model_forward_total"]) if "reward_model_forward_total" in parts else worst
+
+
+def _critic_stages(inp: PlanInputs, layout: ParallelLayout, recompute: str) -> list[dict]:
+    """The critic's bytes per GPU beside each of the policy's stages: stage i's at the trainer's layout; at its
+    own layout (critic.tp, critic.pp) the heaviest of its stages beside every one of them, since its stages
+    do not sit on the policy's."""
+    own = critic_layout(inp, layout).with_(recompute=recompute)
+    stages = _trained_stages(critic_view(inp), own, recompute, VALUE)
+    if own.pp == layout.pp and own.tp == layout.tp:
+        return stages
+    worst = max(
+        stages, key=lambda m: m["params"] + m["grads"] + m["optimizer"] + m["activations"] + m["output"]
+    )
+    return [worst] * layout.pp
 
 
 def _add_side_models(parts: dict, critic: dict | None, reward: dict | None) -> None:
@@ -488,10 +503,10 @@ def _critic_clause(tr: dict, needed: float, cap: float) -> str:
     else:
         fix = "set layout.recompute=full (the policy's activations are the larger working set)"
     return (
-        f"; the critic (algorithm.name=ppo, trained at the trainer's layout) takes {share / GIB:.1f} GiB of it: "
+        f"; the critic (algorithm.name=ppo, trained on the trainer's GPUs) takes {share / GIB:.1f} GiB of it: "
         f"training state {tr['critic'] / GIB:.1f} GiB ({c['bytes_per_param']:.3g} B/param) + "
         f"{excess / GIB:.1f} GiB of activations beyond the policy's (critic.recompute={c['recompute']}, "
-        f"critic.micro_batch_size={c['micro_batch_size']}){alone}; raise layout.tp/pp (the critic's are the "
+        f"critic.micro_batch_size={c['micro_batch_size']}){alone}; raise critic.tp/pp (0: layout.tp/pp, the "
         f"trainer's) or {fix}"
     )
 

@@ -9,8 +9,9 @@
     reward model  a learned reward (reward.model_checkpoint, an HF *ForSequenceClassification): a GPT body
                   with a one-label score head ("score" head); frozen, weights only
 
-Every model runs at the trainer's layout (TP x PP x DP x CP; the critic's own tp/pp are 0 = the
-trainer's, the only layout this version runs), so each GPU holds stage i of every model. Parameters
+Every model runs at the trainer's layout (TP x PP x DP x CP), so each GPU holds stage i of every model,
+except a critic at its own TP x PP (critic.tp, critic.pp; DP the rest: `critic_layout`), counted at that
+layout, its heaviest stage on every GPU when its PP is not the trainer's. Parameters
 of a stage: its layers, the embedding on the first stage, the final norm and the head on the last
 (the lm head is the padded vocabulary x hidden, or nothing extra when tied at PP 1; a value or score
 head is hidden x 1). FLOPs follow the matmul parameters: every layer's and the head's (the
@@ -100,6 +101,14 @@ def reward_view(inp: PlanInputs) -> PlanInputs:
 def critic_recompute(inp: PlanInputs, layout_recompute: str) -> str:
     """The critic's activation recompute: critic.recompute, or the layout's when that is empty."""
     return (inp.critic.recompute if inp.critic is not None else "") or layout_recompute
+
+
+def critic_layout(inp: PlanInputs, layout: ParallelLayout) -> ParallelLayout:
+    """The critic's layout on the trainer's GPUs: its own TP x PP when set (ParallelLayout.for_model, as the
+    driver builds it), with its recompute."""
+    assert inp.critic is not None
+    own = layout.for_model(inp.critic.tp, inp.critic.pp)
+    return own.with_(recompute=critic_recompute(inp, layout.recompute))
 
 
 def side_models(inp: PlanInputs) -> dict:

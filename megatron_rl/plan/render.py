@@ -80,7 +80,11 @@ def _side_models(r: PlanReport) -> list[str]:
     m = r.model
     out = []
     for label, side, what in (
-        ("Critic  ", m.critic, "PPO's value model, trained at the trainer's layout"),
+        (
+            "Critic  ",
+            m.critic,
+            "PPO's value model, trained on the trainer's GPUs (at critic.tp/pp, 0 = the trainer's)",
+        ),
         ("Reward  ", m.reward_model, "a learned reward model, frozen, scored after generation"),
     ):
         if side is None:

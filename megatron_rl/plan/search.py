@@ -39,6 +39,11 @@ def structural_reason(inp: PlanInputs, layout: ParallelLayout) -> str | None:
     problems.sort(key=lambda p: _kind(p.message) != "topology")
     if problems:
         return str(problems[0])
+    c = inp.critic
+    if c is not None and (c.tp or c.pp):  # a critic at its own TP x PP must split these trainer ranks too
+        tp, pp = c.tp or layout.tp, c.pp or layout.pp
+        if layout.trainer_world % (tp * pp):
+            return f"critic.tp x critic.pp = {tp} x {pp} does not divide the trainer's {layout.trainer_world} ranks"
     per_minibatch = inp.work.samples // inp.work.minibatches
     mbs = inp.work.micro_batch_size
     if per_minibatch < layout.dp * mbs:

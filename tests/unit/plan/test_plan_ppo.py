@@ -87,6 +87,23 @@ def test_each_trained_model_costs_18_bytes_per_parameter_with_the_optimizer_shar
     assert m["critic"] == pytest.approx(9 * STAGE0_PER_GPU)
 
 
+def test_a_critic_at_its_own_layout_is_counted_at_it():
+    """critic.pp=2 beside the policy's TP8 x PP4 x DP4: the critic runs at TP8 x PP2 x DP8 (plan/models.py
+    critic_layout, as ParallelLayout.for_model gives the driver). Its heaviest stage, the first (40 layers and
+    the embedding), sits beside every policy stage: twice the parameters per GPU, the optimizer sharded over
+    DP8, so 2 + 4 + 12 / 8 = 7.5 bytes per parameter; and its passes are timed at that layout."""
+    _, inp, lay = _plan(overrides=["critic.pp=2"])
+    assert (inp.critic.tp, inp.critic.pp) == (0, 2)
+    c = trainer_memory(inp, lay)["by_model"]["critic"]
+    n = (40 * LAYER + ROWS) / 8
+    assert c["parameters"] == pytest.approx(n)
+    assert c["optimizer_shards"] == 8 and c["bytes_per_param"] == pytest.approx(7.5)
+    _, same, _ = _plan()
+    own, shared = trainer_phases(inp, lay), trainer_phases(same, lay)
+    assert own["critic_train"] != pytest.approx(shared["critic_train"])
+    assert own["train_fwd_bwd"] == pytest.approx(shared["train_fwd_bwd"])  # the policy's own are unchanged
+
+
 def test_the_frozen_models_hold_two_bytes_per_parameter(ppo):
     run, inp, lay = ppo
     by = trainer_memory(inp, lay)["by_model"]
