@@ -149,6 +149,7 @@ def _export(recipe_name: str, checkpoint: str, out: str, overrides: list[str]) -
 
     from megatron_rl.checkpoint.export import write_hf
     from megatron_rl.trainer.build import build_policy
+    from megatron_rl.trainer.gather import full_state
     from megatron_rl.trainer.parallel import destroy_parallel, init_parallel
 
     state = init_parallel(lay, seed=recipe.seed)
@@ -161,7 +162,7 @@ def _export(recipe_name: str, checkpoint: str, out: str, overrides: list[str]) -
         policy = build_policy(run, state, with_optimizer=False, import_weights=False)
         loaded = dist_checkpointing.load({"model": policy.model.sharded_state_dict()}, str(ckpt / "dist"))
         policy.model.load_state_dict(loaded["model"])
-        written = write_hf(policy, out, source=recipe.model.hf_checkpoint)
+        written = write_hf(full_state(policy), policy.spec, out, source=recipe.model.hf_checkpoint)
     finally:
         destroy_parallel()
     if written is not None:

@@ -107,8 +107,8 @@ def copy_weights(src, dst, skip: tuple[str, ...] = ()) -> list[str]:
     Collective over every rank; one full tensor at a time in device memory, never a stage."""
     import torch
 
-    from megatron_rl.checkpoint.export import full_tensors
     from megatron_rl.models.hf import shard_kind, tp_shard
+    from megatron_rl.trainer.gather import full_tensors
 
     mine = dict(dst.named_parameters_global())
     done: set[str] = set()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from megatron_rl.checkpoint.export import full_state
 from megatron_rl.models.precision import strict_fp32
+from megatron_rl.trainer.gather import full_state
 from megatron_rl.trainer.hf_import import load_hf_into
 from megatron_rl.trainer.policy import OptimSettings, Policy
 from tests.dist.trainer.cases import OPTIM, TEMPERATURE, advantages, batch, moe_case_name, reinit, train_loss

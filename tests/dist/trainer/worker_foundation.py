@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_rl.checkpoint.export import full_state
+from megatron_rl.trainer.gather import full_state
 from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.trainer.hf_import import CheckpointError, load_hf_into
 from megatron_rl.trainer.parallel import init_parallel, launched_world

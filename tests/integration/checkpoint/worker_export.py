@@ -18,6 +18,7 @@ def main() -> None:
     from megatron_rl.config.load import load_recipe
     from megatron_rl.run import resolve
     from megatron_rl.trainer.build import build_policy
+    from megatron_rl.trainer.gather import full_state
     from megatron_rl.trainer.parallel import init_parallel
 
     ckpt, out, overrides = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
@@ -26,7 +27,7 @@ def main() -> None:
     policy = build_policy(run, state, with_optimizer=False)
     loaded = dist_checkpointing.load({"model": policy.model.sharded_state_dict()}, str(ckpt / "dist"))
     policy.model.load_state_dict(loaded["model"])
-    write_hf(policy, out / "hf")
+    write_hf(full_state(policy), policy.spec, out / "hf")
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(3, 17, (n,), generator=g).tolist() for n in (7, 11, 9, 5) * 4]
     plens = [3, 4, 2, 2] * 4  # 16 sequences: the recipe's micro-batch size
