@@ -114,9 +114,10 @@ def critic_layout_problems(run) -> list[Problem]:
         out.append(_problem(run, "critic.pp", f"={pp} exceeds the critic's {spec.num_layers} layers"))
     dp = world // (tp * pp) // lay.cp
     per_minibatch = cfg.data.prompts_per_step * cfg.rollout.samples_per_prompt // cfg.algorithm.minibatches
-    if per_minibatch < dp:
+    if per_minibatch < dp or per_minibatch % dp:
         bad(f"gives the critic {dp} data-parallel ranks and a minibatch has {per_minibatch} samples: each rank "
-            "needs one; raise the batch or lower algorithm.minibatches")  # fmt: skip
+            "needs an equal share; make the minibatch a multiple of it (data.prompts_per_step, "
+            "rollout.samples_per_prompt, algorithm.minibatches)")  # fmt: skip
     return out
 
 

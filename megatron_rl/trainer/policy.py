@@ -329,6 +329,22 @@ class Policy:
                 found[i] = float(values[b, 0])
         return found
 
+    def dp_sum(self, values: list[float]) -> list[float]:
+        """Each number summed over this model's data-parallel ranks (its own group at a layout of its own):
+        a loss normalised by the global count is the whole batch's once its ranks' parts are added. Collective
+        over the DP group."""
+        if self.state.dp == 1:
+            return [float(v) for v in values]
+        if self.state.groups is not None:
+            group = self.state.groups.dp
+        else:
+            from megatron.core import parallel_state as ps
+
+            group = ps.get_data_parallel_group()
+        t = torch.tensor(values, dtype=torch.float64, device=self.state.device)  # a device group on GPU
+        dist.all_reduce(t, group=group)
+        return t.cpu().tolist()
+
     def _require(self, head: str, what: str) -> None:
         if self.head != head:
             raise RuntimeError(

@@ -171,20 +171,22 @@ def value_loss_fn(algo, max_new_tokens: int, normaliser: float):
     return loss_fn
 
 
-def critic_metrics(outs: list[dict]) -> dict[str, float]:
-    """The critic's update metrics over the step's minibatches, as step record keys: value_loss (the mean
-    over its optimizer steps), value_clip_fraction, critic_grad_norm, critic_lr."""
+def critic_metrics(outs: list[dict], dp_sum=None) -> dict[str, float]:
+    """The critic's update metrics over the step's minibatches, as step record keys: value_loss (the mean over
+    its optimizer steps of the minibatch's loss: each DP rank's part, normalised by the minibatch's global
+    count, summed over the critic's DP ranks by `dp_sum`, e.g. `Policy.dp_sum`; None: one rank), and this
+    rank's value_clip_fraction, critic_grad_norm (the same on every rank) and critic_lr."""
     if not outs:
         return {}
 
-    def mean(key: str) -> float:
-        vals = [o[key] for o in outs if key in o]
-        return sum(vals) / len(vals) if vals else float("nan")
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else float("nan")
 
+    losses = [o["loss"] for o in outs]
     return {
-        "value_loss": mean("value_loss"),
-        "value_clip_fraction": mean("value_clip_fraction"),
-        "critic_grad_norm": mean("grad_norm"),
+        "value_loss": mean(dp_sum(losses) if dp_sum is not None else losses),
+        "value_clip_fraction": mean([o["value_clip_fraction"] for o in outs if "value_clip_fraction" in o]),
+        "critic_grad_norm": mean([o["grad_norm"] for o in outs if "grad_norm" in o]),
         "critic_lr": outs[-1].get("lr", float("nan")),
     }
 

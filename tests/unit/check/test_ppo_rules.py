@@ -69,7 +69,7 @@ def test_ppo_options_under_grpo_are_refused(overrides, key, says):
         (
             ["critic.tp=1", "algorithm.minibatches=64"],
             "critic.tp",
-            "2 data-parallel ranks and a minibatch has 1",
+            "2 data-parallel ranks and a minibatch has 1 samples: each rank needs an equal share",
         ),
         (["critic.critic_only_steps=60"], "critic.critic_only_steps", "never train"),
         (["algorithm.dynamic_sampling=true"], "algorithm.dynamic_sampling", "a GRPO notion"),

@@ -95,13 +95,16 @@ def test_the_value_loss_fn_reads_the_minibatch_extras():
     loss, metrics = ppo.value_loss_fn(_algo(value_clip=0.0), 8, normaliser=1.0)(torch.zeros(1, 2), mb)
     assert loss.item() == pytest.approx(0.5)  # 0.5 (0 - 1)^2 on the one kept token
     outs = [
-        {"value_loss": 1.0, "grad_norm": 2.0, "lr": 1e-3},
-        {"value_loss": 3.0, "grad_norm": 4.0, "lr": 2e-3},
+        {"loss": 1.0, "grad_norm": 2.0, "lr": 1e-3},
+        {"loss": 3.0, "grad_norm": 4.0, "lr": 2e-3},
     ]
     assert ppo.critic_metrics(outs) == {
         "value_loss": 2.0, "value_clip_fraction": pytest.approx(float("nan"), nan_ok=True),
         "critic_grad_norm": 3.0, "critic_lr": 2e-3,
     }  # fmt: skip
+    # over two critic DP ranks each optimizer step's loss is the sum of the ranks' parts
+    twice = ppo.critic_metrics(outs, dp_sum=lambda v: [2 * x for x in v])
+    assert twice["value_loss"] == 4.0
 
 
 def test_a_rank_without_samples_is_refused():
