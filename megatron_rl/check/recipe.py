@@ -19,7 +19,7 @@ imports it.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from megatron_rl.check import rules
 from megatron_rl.check.files import file_problems, prompt_problems, stop_id_problems
@@ -34,6 +34,7 @@ from megatron_rl.models.resolve import (
     resolve_model,
     tokenizer_problems,
 )
+from megatron_rl.parallel.layout import ParallelLayout
 from megatron_rl.rollout.convention import convention_problems
 from megatron_rl.run import Run, resolve
 
@@ -58,15 +59,13 @@ def checked(cfg: RecipeConfig, read_data: bool = True) -> tuple[list[Problem], R
     out = (
         disagreements(cfg.model) + model_problems(model) + tokenizer_problems(model) + stop_id_problems(model)
     )
-    if out:
-        return out + file_problems(cfg), None  # no shape to check the layout, lengths or memory against
+    if out:  # no shape to check the layout, lengths or memory against
+        # A shape only unreadable here (kind "unknown") still leaves every rule that needs none: those run,
+        # or a recipe with a wrong batch would pass `validate` until its checkpoint appeared.
+        shapeless = shape_free_problems(cfg) if all(p.kind == "unknown" for p in out) else []
+        return out + shapeless + file_problems(cfg), None
     resolved_model = replace(cfg, model=model)
-    out += [
-        Problem(key, get_key(resolved_model, key), f"must be one of {', '.join(map(str, allowed))}")
-        for key, allowed in ENUMS.items()
-        if get_key(resolved_model, key) not in allowed
-    ]
-    out += numeric_problems(resolved_model)
+    out += range_problems(resolved_model)
     ro = cfg.rollout
     convention = convention_problems(ro.logprobs_mode, ro.temperature, ro.top_p, ro.top_k, training=True)
     out += convention
@@ -83,6 +82,34 @@ def checked(cfg: RecipeConfig, read_data: bool = True) -> tuple[list[Problem], R
     if read_data and not out and run.recipe.data.source != "synthetic":
         out += prompt_problems(run.recipe)
     return out, run
+
+
+def range_problems(cfg: RecipeConfig) -> list[Problem]:
+    """Names outside their sets (ENUMS) and numbers outside their ranges (NUMERIC)."""
+    out = [
+        Problem(key, get_key(cfg, key), f"must be one of {', '.join(map(str, allowed))}")
+        for key, allowed in ENUMS.items()
+        if get_key(cfg, key) not in allowed
+    ]
+    return out + numeric_problems(cfg)
+
+
+@dataclass(frozen=True)
+class _Shapeless:
+    """What the shape-free rules read of a run: the recipe and its layout (no model spec)."""
+
+    recipe: RecipeConfig
+    layout: ParallelLayout
+
+
+def shape_free_problems(cfg: RecipeConfig) -> list[Problem]:
+    """The rules a recipe answers without its model's shape (its checkpoint unreadable here): names and
+    numbers in range (the model's keys aside: unset, they are what is unknown), then the batch equation (the
+    layout is the recipe's own)."""
+    out = [p for p in range_problems(cfg) if not p.key.startswith("model.")]
+    if any(p.key in NUMERIC or p.key in ENUMS for p in out):
+        return out  # the batch rule divides by these
+    return out + rules.batch(_Shapeless(cfg, ParallelLayout.from_config(cfg.layout)))
 
 
 def memory_problems(run: Run) -> list[Problem]:

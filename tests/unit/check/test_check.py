@@ -384,3 +384,16 @@ def test_the_reward_fleet_and_http_judges_are_checked(overrides, key, words):
         check_recipe(load_recipe("grpo_tiny_cpu", ["reward.kind=http", "reward.url=http://judge:8000/r"]))
         == []
     )
+
+
+def test_an_unreadable_checkpoint_still_gets_the_rules_that_need_no_shape(tmp_path):
+    """A model shape unknown here skips the rules that need it, not the others: a batch that cannot split
+    and a number out of range are refused whatever the checkpoint holds (they passed `validate` before, and
+    failed once the checkpoint appeared)."""
+    gone = f"model.hf_checkpoint={tmp_path}/not_yet"
+    ok = {p.key for p in check_recipe(load_recipe("grpo_tiny_hf_cpu", [gone]))}
+    assert ok == {"model.hf_checkpoint"}, ok  # the shape is unknown: noted, nothing else wrong
+    bad = check_recipe(load_recipe("grpo_tiny_hf_cpu", [gone, "layout.tp=1", "layout.dp=2"]))
+    assert "must divide each rank's 8 samples" in {p.key: p.message for p in bad}["optim.micro_batch_size"]
+    bad = check_recipe(load_recipe("grpo_tiny_hf_cpu", [gone, "optim.lr=-1"]))
+    assert {p.key for p in bad} == {"model.hf_checkpoint", "optim.lr"}
