@@ -41,6 +41,7 @@ def _extra(rm) -> list[str]:
         "checkpoint.keep_last=5",
         "checkpoint.async_save=true",
         "critic.critic_only_steps=1",
+        "critic.epochs=0",  # the policy's passes (algorithm.epochs=2), not the recipe's four
         "critic.tp=1",
         "critic.micro_batch_size=4",
         "algorithm.epochs=2",
@@ -68,7 +69,8 @@ def ppo_runs(tmp_path_factory):
         time.sleep(0.05)
     kill_run(proc)
     launch(tmp, STEPS, _extra(rm), name="B", recipe="ppo_tiny_cpu")  # resume=auto
-    launch(tmp, 2, ["logger.wandb=false", "checkpoint.interval=0"], name="C", recipe="ppo_tiny_cpu")
+    c = ["logger.wandb=false", "checkpoint.interval=0", "critic.critic_only_steps=1"]
+    launch(tmp, 2, c, name="C", recipe="ppo_tiny_cpu")
     return tmp
 
 
