@@ -70,6 +70,7 @@ def build_policy(
             etp=state.layout.etp,
             etp_rank=state.expert_coord.etp,
         )
+        policy.weights_written()  # the optimizer's main copy was of the initialisation
     return policy
 
 
@@ -129,6 +130,7 @@ def build_critic(run, state: ParallelState, policy: Policy) -> Policy:
                     p.copy_(src[name])
     else:
         load_value_model(critic, c.init, state)
+    critic.weights_written()  # the optimizer's main copy was of the initialisation
     return critic
 
 

@@ -172,6 +172,13 @@ class Policy:
         self.config.no_sync_func = self.ddp.no_sync
         self.config.finalize_model_grads_func = finalize_model_grads
 
+    def weights_written(self) -> None:
+        """Call after writing the model's weights from outside (an HF import, a copy from another model): the
+        optimizer's fp32 main copy of bf16/fp16 weights was taken when it was built, and its first step would
+        put that copy back over the new weights. Without an optimizer, nothing to do."""
+        if self.optimizer is not None:
+            self.optimizer.reload_model_params()
+
     def weights_to_host(self) -> bool:
         """Move a frozen model's weights to host memory; True if device memory was released.
 
@@ -329,20 +336,24 @@ class Policy:
                 found[i] = float(values[b, 0])
         return found
 
-    def dp_sum(self, values: list[float]) -> list[float]:
-        """Each number summed over this model's data-parallel ranks (its own group at a layout of its own):
-        a loss normalised by the global count is the whole batch's once its ranks' parts are added. Collective
-        over the DP group."""
-        if self.state.dp == 1:
+    def batch_sum(self, values: list[float]) -> list[float]:
+        """Each number summed over this model's data-parallel ranks and then its pipeline stages (its own
+        groups at a layout of its own), on every rank: a loss normalised by the global count is the whole
+        batch's once its DP ranks' parts are added, and only the last stage computed it (the others give 0).
+        Collective over the DP and PP groups."""
+        if self.state.dp == 1 and self.state.pp == 1:
             return [float(v) for v in values]
         if self.state.groups is not None:
-            group = self.state.groups.dp
+            dp_group, pp_group = self.state.groups.dp, self.state.groups.pp
         else:
             from megatron.core import parallel_state as ps
 
-            group = ps.get_data_parallel_group()
-        t = torch.tensor(values, dtype=torch.float64, device=self.state.device)  # a device group on GPU
-        dist.all_reduce(t, group=group)
+            dp_group, pp_group = ps.get_data_parallel_group(), ps.get_pipeline_model_parallel_group()
+        t = torch.tensor(values, dtype=torch.float64, device=self.state.device)  # device groups on GPU
+        if self.state.dp > 1:
+            dist.all_reduce(t, group=dp_group)
+        if self.state.pp > 1:
+            dist.all_reduce(t, group=pp_group)
         return t.cpu().tolist()
 
     def _require(self, head: str, what: str) -> None:

@@ -413,3 +413,13 @@ def test_critic_from_policy_at_another_layout_copies_every_weight(run):
         else:
             assert torch.equal(a, b), name
     assert not copy[HEAD_PARAM].any(), "the value head must start at zero"
+
+
+def test_weights_written_after_the_optimizer_survive_its_first_step_in_bf16(run):
+    """The policy imported from HF and the critic copied from it (trainer/build.py), both bf16 with their
+    optimizer built first: a step with zero gradients moves nothing. The control, a copy whose optimizer was
+    not refreshed, moves: its first step restores the initialisation (what the run did before the refresh)."""
+    out, _, _ = run
+    found = json.loads((out / "bf16_first_step.json").read_text())
+    assert found["policy"] == 0.0 and found["critic"] == 0.0, found
+    assert found["control"] > 1e-2, found

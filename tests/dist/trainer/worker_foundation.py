@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_rl.trainer.gather import full_state
 from megatron_rl.parallel.layout import ParallelLayout
+from megatron_rl.trainer.gather import full_state
 from megatron_rl.trainer.hf_import import CheckpointError, load_hf_into
 from megatron_rl.trainer.parallel import init_parallel, launched_world
 from megatron_rl.trainer.policy import OptimSettings, Policy
@@ -124,6 +124,7 @@ def main() -> None:
         (OUT / "malformed.json").write_text(json.dumps(results, indent=1))
     value_models(rank)
     own_layout_value_models(rank)
+    bf16_weights_survive_the_first_step(rank)
     shared_problems(rank)
     dist.barrier()
 
@@ -236,6 +237,49 @@ def own_layout_value_models(rank: int) -> None:
     source, copy = full_state(policy), full_state(critic)
     if rank == 0:
         torch.save({"source": source, "copy": copy, "copied": copied}, OUT / "critic_from_policy.pt")
+
+
+def bf16_weights_survive_the_first_step(rank: int) -> None:
+    """Weights written after the optimizer was built (an HF import, critic.init=policy) in bf16: a step with
+    zero gradients must leave them where they are. The optimizer keeps an fp32 main copy taken when it was
+    built; without `Policy.weights_written` its first step puts that copy back. Through the run's own
+    builders (trainer/build.py): the policy from an HF checkpoint, the critic copied from it at TP1 x DP4;
+    and, as the control, the same copy without the refresh."""
+    from dataclasses import replace
+
+    from megatron_rl.config.load import load_recipe
+    from megatron_rl.run import resolve
+    from megatron_rl.trainer.build import build_critic, build_policy
+    from megatron_rl.trainer.model_groups import copy_weights
+
+    spec = replace(SPECS[VALUE_TRAIN_SPEC], params_dtype="bf16")
+    run = resolve(load_recipe("ppo_tiny_cpu", ["layout.dp=2", "critic.tp=1", "optim.micro_batch_size=1"]))
+    model = replace(run.recipe.model, hf_checkpoint=str(CKPTS / spec.name))
+    run = replace(run, spec=spec, critic_spec=spec, recipe=replace(run.recipe, model=model))
+    st = reinit(2, 1)
+    seqs, prompt_lens = batch()
+    zero = lambda out, mb: ((out * 0).sum(), {})  # noqa: E731
+
+    def drift(pol, train) -> float:
+        before = {n: p.detach().float().clone() for n, p in pol.named_parameters_global()}
+        train(pol)
+        return max(float((p.float() - before[n]).abs().max()) for n, p in pol.named_parameters_global())
+
+    policy = build_policy(run, st)
+    critic = build_critic(run, st, policy)
+    control = Policy(spec, critic.state, head="value", optim=OptimSettings(**OPTIM))
+    copy_weights(policy, control, skip=(HEAD_PARAM,))  # no refresh: its main copy is of the initialisation
+    mine = [i for i in range(len(seqs)) if i % critic.state.dp == critic.state.dp_rank]
+    on_critic = lambda m: m.train_step([seqs[i] for i in mine], [prompt_lens[i] for i in mine], zero)  # noqa: E731
+    share = [i for i in range(len(seqs)) if i % st.dp == st.dp_rank]
+    on_policy = lambda m: m.train_step([seqs[i] for i in share], [prompt_lens[i] for i in share], zero)  # noqa: E731
+    found = {
+        "policy": drift(policy, on_policy),
+        "critic": drift(critic, on_critic),
+        "control": drift(control, on_critic),
+    }
+    if rank == 0:
+        (OUT / "bf16_first_step.json").write_text(json.dumps(found))
 
 
 def _value_case(rank, st, spec_name, seqs, prompt_lens, global_tokens, own: bool):
