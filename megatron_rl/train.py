@@ -262,10 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         halt = refusals.after_step(step, agreement["version"], agreement["problems"])
         metrics = step_metrics(samples, stats, agreement, train_metrics, publication, log, run.spec, exact)
         extra = {"sampling_rounds": rounds, "old_logprobs": source, "version_lag": lag}
-        value_dp = critic.dp_sum if critic is not None else None  # the value loss of whole minibatches
-        extra.update(
-            ppo_metrics, **ppo.critic_metrics(critic_outs, value_dp), **ppo.model_score_metrics(samples)
-        )
+        if (
+            critic is not None
+        ):  # the value loss of whole minibatches, on every rank (every DP rank, every stage)
+            extra.update(ppo.critic_metrics(critic_outs, critic.batch_sum, critic.state.dp))
+        extra.update(ppo_metrics, **ppo.model_score_metrics(samples))
         extra["rollout_wait_s"] = feed.take_wait()  # separated: the trainer idle, waiting on the engines
         log.record(step + 1, {**metrics, **extra}, samples, task)  # and a few samples to read (samples.jsonl)
         preempted = preemption.requested()

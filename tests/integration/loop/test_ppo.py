@@ -8,7 +8,9 @@ the sandbox), sharing three launched runs of ppo_tiny_cpu:
 - B: the same run killed with SIGKILL after step 2's record, then resumed: steps 3 and 4 equal A's bit for
   bit, the critic's loss, explained variance and the reward model's scores included (the checkpoint
   carries the critic, its optimizer and its LR schedule, at the critic's own layout);
-- C: 2 steps with the critic at the trainer's layout (the recipe's), sharing megatron-core's global groups.
+- C: 2 steps with the critic at the trainer's layout (the recipe's), sharing megatron-core's global groups;
+- D: 2 steps with the critic in two pipeline stages (critic.tp=1, critic.pp=2: TP1 x PP2 x DP1), whose
+  first stage (rank 0, which writes the record) computes no loss of its own.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def ppo_runs(tmp_path_factory):
     launch(tmp, STEPS, _extra(rm), name="B", recipe="ppo_tiny_cpu")  # resume=auto
     c = ["logger.wandb=false", "checkpoint.interval=0", "critic.critic_only_steps=1"]
     launch(tmp, 2, c, name="C", recipe="ppo_tiny_cpu")
+    launch(tmp, 2, [*c, "critic.tp=1", "critic.pp=2"], name="D", recipe="ppo_tiny_cpu")
     return tmp
 
 
@@ -99,15 +102,17 @@ def test_every_step_records_the_critic_and_the_reward_model(ppo_runs):
 
 
 def test_the_critic_at_its_own_layout_and_at_the_trainers(ppo_runs):
-    """A's critic ran at TP1 x DP2 on its own groups (the log says so at start-up); C's at the trainer's TP2,
-    on megatron-core's global groups: both record the critic's keys, and both critics learn on step 2 (a
-    value loss below step 1's, where a fresh head predicts 0 for every state)."""
+    """A's critic ran at TP1 x DP2 on its own groups (the log says so at start-up), D's at TP1 x PP2; C's at
+    the trainer's TP2, on megatron-core's global groups: each records the critic's keys, and each critic moved
+    from the fresh head's zeros by step 2."""
     log = (ppo_runs / "A.log").read_text()
     assert "critic: tp=1 pp=1 dp=2 (its own layout" in log, log[-3000:]
     assert "its own layout" not in (ppo_runs / "C.log").read_text()
-    for name in ("A", "C"):
+    assert "critic: tp=1 pp=2 dp=1 (its own layout" in (ppo_runs / "D.log").read_text()
+    for name in ("A", "C", "D"):
         recs = records(ppo_runs, name)
-        assert all(math.isfinite(r["value_loss"]) and r["critic_grad_norm"] > 0 for r in recs), name
+        # the whole minibatch's loss, summed over the critic's DP ranks and stages, on the recording rank too
+        assert all(r["value_loss"] > 0 and r["critic_grad_norm"] > 0 for r in recs), name
         assert recs[0]["values_mean"] == 0.0, "a fresh value head predicts 0"
         assert recs[1]["values_mean"] != 0.0, f"{name}: the critic did not move"
 
