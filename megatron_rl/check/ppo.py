@@ -16,6 +16,7 @@ from pathlib import Path
 from megatron_rl.check.ranges import get_key
 from megatron_rl.config.problem import Problem
 from megatron_rl.config.schema import AlgorithmConfig, CriticConfig, RewardConfig
+from megatron_rl.parallel import rules
 
 PPO_ALGORITHM_KEYS = ("gamma", "lam", "value_clip", "advantage_whiten")
 
@@ -58,18 +59,6 @@ def ppo(run) -> list[Problem]:
     spec = run.critic_spec
     if spec is not None and critic.init != "policy":
         out += side_model_problems(run, critic.init, "critic.init")
-    # the critic's micro-batch size (0: the policy's) against its own DP share; at the trainer's layout and
-    # size the trainer's rule already covers it
-    mbs = critic.micro_batch_size or cfg.optim.micro_batch_size
-    per_minibatch = cfg.data.prompts_per_step * cfg.rollout.samples_per_prompt // alg.minibatches
-    per_rank = per_minibatch // max(critic_dp(run), 1)
-    own_layout = lay.for_model(critic.tp, critic.pp) is not lay if critic_dp(run) else False
-    if (critic.micro_batch_size or own_layout) and per_rank and per_rank % mbs:
-        taken = "" if critic.micro_batch_size else f" (0 takes optim.micro_batch_size={mbs}: set this key)"
-        bad(
-            "critic.micro_batch_size",
-            f"must divide each critic rank's {per_rank} samples of a minibatch{taken}",
-        )
     return out
 
 
@@ -81,43 +70,60 @@ def critic_dp(run) -> int:
     return 0 if lay.trainer_world % (tp * pp) else lay.trainer_world // (tp * pp) // lay.cp
 
 
+def critic_split_problems(run) -> list[Problem]:
+    """What a critic's layout asks of the trainer's ranks and the batch, no model shape needed (so `validate`
+    checks it even when the checkpoint is unreadable here): critic.tp x critic.pp divides the ranks, each
+    critic DP rank gets an equal share of a minibatch, and its micro-batch size divides that share."""
+    cfg, c, lay = run.recipe, run.recipe.critic, run.layout
+    out: list[Problem] = []
+    tp, pp = c.tp or lay.tp, c.pp or lay.pp
+    key = "critic.tp" if tp != lay.tp else "critic.pp"
+    world = lay.trainer_world
+    if world % (tp * pp):
+        out.append(_problem(run, key, f"critic.tp x critic.pp = {tp} x {pp} must divide the trainer's {world} "
+                            "ranks (the critic runs on them at its own layout)"))  # fmt: skip
+        return out
+    dp = critic_dp(run)
+    per_minibatch = cfg.data.prompts_per_step * cfg.rollout.samples_per_prompt // cfg.algorithm.minibatches
+    if (tp, pp) != (lay.tp, lay.pp) and (per_minibatch < dp or per_minibatch % dp):
+        out.append(_problem(run, key, f"gives the critic {dp} data-parallel ranks and a minibatch has "
+                            f"{per_minibatch} samples: each rank needs an equal share; make the minibatch a "
+                            "multiple of it (data.prompts_per_step, rollout.samples_per_prompt, "
+                            "algorithm.minibatches)"))  # fmt: skip
+        return out
+    # the critic's micro-batch size (0: the policy's) against its own DP share; at the trainer's layout and
+    # size the trainer's rule already covers it
+    mbs = c.micro_batch_size or cfg.optim.micro_batch_size
+    per_rank = per_minibatch // max(dp, 1)
+    own_layout = (tp, pp) != (lay.tp, lay.pp)
+    if (c.micro_batch_size or own_layout) and per_rank and per_rank % mbs:
+        taken = "" if c.micro_batch_size else f" (0 takes optim.micro_batch_size={mbs}: set this key)"
+        message = f"must divide each critic rank's {per_rank} samples of a minibatch{taken}"
+        out.append(_problem(run, "critic.micro_batch_size", message))
+    return out
+
+
 def critic_layout_problems(run) -> list[Problem]:
     """critic.tp and critic.pp: a layout of the critic's own on the trainer's ranks (trainer/model_groups.py)
     must split the trainer's ranks and the critic's model, give every critic rank samples, and be dense
     without context parallelism (the expert and context groups are the trainer's)."""
-    cfg, c, lay = run.recipe, run.recipe.critic, run.layout
-    out: list[Problem] = []
+    c, lay = run.recipe.critic, run.layout
+    out = critic_split_problems(run)
     tp, pp = c.tp or lay.tp, c.pp or lay.pp
-    if (tp, pp) == (lay.tp, lay.pp):
-        return out
-    key = "critic.tp" if tp != lay.tp else "critic.pp"
-
-    def bad(message: str) -> None:
-        out.append(_problem(run, key, message))
-
-    world = lay.trainer_world
-    if world % (tp * pp):
-        bad(f"critic.tp x critic.pp = {tp} x {pp} must divide the trainer's {world} ranks (the critic runs on "
-            "them at its own layout)")  # fmt: skip
+    if (tp, pp) == (lay.tp, lay.pp) or any(p.key in ("critic.tp", "critic.pp") for p in out):
         return out
     spec = run.critic_spec or run.spec
     if lay.cp > 1 or lay.ep > 1 or spec.is_moe:
-        bad(f"a critic at its own layout must be dense and the trainer without context or expert parallelism "
-            f"(layout.cp={lay.cp}, layout.ep={lay.ep}, MoE={spec.is_moe}); use critic.tp=0 and critic.pp=0")  # fmt: skip
-    for what, n in (
-        ("num_attention_heads", spec.num_attention_heads),
-        ("num_query_groups", spec.num_query_groups),
-    ):
-        if n % tp:
-            out.append(_problem(run, "critic.tp", f"={tp} does not divide the critic's {what}={n}"))
-    if spec.num_layers < pp:
-        out.append(_problem(run, "critic.pp", f"={pp} exceeds the critic's {spec.num_layers} layers"))
-    dp = world // (tp * pp) // lay.cp
-    per_minibatch = cfg.data.prompts_per_step * cfg.rollout.samples_per_prompt // cfg.algorithm.minibatches
-    if per_minibatch < dp or per_minibatch % dp:
-        bad(f"gives the critic {dp} data-parallel ranks and a minibatch has {per_minibatch} samples: each rank "
-            "needs an equal share; make the minibatch a multiple of it (data.prompts_per_step, "
-            "rollout.samples_per_prompt, algorithm.minibatches)")  # fmt: skip
+        key = "critic.tp" if tp != lay.tp else "critic.pp"
+        out.append(_problem(run, key, f"a critic at its own layout must be dense and the trainer without context "
+                            f"or expert parallelism (layout.cp={lay.cp}, layout.ep={lay.ep}, MoE={spec.is_moe}); "
+                            "use critic.tp=0 and critic.pp=0"))  # fmt: skip
+    # the model-shape rules of any trainer layout (parallel/rules.py), at the critic's, named by its keys
+    for p in rules.trainer_problems(lay.for_model(c.tp, c.pp), spec):
+        where = "critic.pp" if p.key.startswith("layout.pp") else "critic.tp"
+        out.append(
+            _problem(run, where, f"at the critic's layout tp={tp} pp={pp}: {p.key}={p.value} {p.message}")
+        )
     return out
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from megatron_rl.check import rules
 from megatron_rl.check.files import file_problems, prompt_problems, stop_id_problems
+from megatron_rl.check.ppo import critic_split_problems
 from megatron_rl.check.ranges import ENUMS, NUMERIC, get_key, numeric_problems
 from megatron_rl.check.rules import RULES
 from megatron_rl.config.problem import ConfigError, Problem
@@ -105,11 +106,15 @@ class _Shapeless:
 def shape_free_problems(cfg: RecipeConfig) -> list[Problem]:
     """The rules a recipe answers without its model's shape (its checkpoint unreadable here): names and
     numbers in range (the model's keys aside: unset, they are what is unknown), then the batch equation (the
-    layout is the recipe's own)."""
+    layout is the recipe's own) and, with PPO, the critic's split of the ranks and of the batch."""
     out = [p for p in range_problems(cfg) if not p.key.startswith("model.")]
     if any(p.key in NUMERIC or p.key in ENUMS for p in out):
         return out  # the batch rule divides by these
-    return out + rules.batch(_Shapeless(cfg, ParallelLayout.from_config(cfg.layout)))
+    view = _Shapeless(cfg, ParallelLayout.from_config(cfg.layout))
+    out += rules.batch(view)
+    if cfg.algorithm.name == "ppo":  # the critic's layout against the ranks and the batch
+        out += critic_split_problems(view)
+    return out
 
 
 def memory_problems(run: Run) -> list[Problem]:

@@ -115,8 +115,8 @@ class ParallelLayout:
 
     def for_model(self, tp: int = 0, pp: int = 0) -> ParallelLayout:
         """A second model's layout on the same trainer ranks (PPO's critic: critic.tp, critic.pp; 0 = this
-        layout's): DP = the ranks over TP x PP, an even layer split, sequence parallelism kept only where
-        TP > 1. Itself when both are this layout's. Raises when TP x PP does not divide the ranks."""
+        layout's): DP = the ranks over TP x PP, the trainer's layer split at the trainer's PP (an even one at
+        another), sequence parallelism kept only where TP > 1. Itself when both are this layout's. Raises when TP x PP does not divide the ranks."""
         tp, pp = tp or self.tp, pp or self.pp
         if (tp, pp) == (self.tp, self.pp):
             return self
@@ -128,7 +128,7 @@ class ParallelLayout:
             tp=tp,
             pp=pp,
             dp=world // (tp * pp) // self.cp,
-            pp_layers=(),
+            pp_layers=self.pp_layers if pp == self.pp else (),  # the trainer's split while the stages are its
             sequence_parallel=self.sequence_parallel and tp > 1,
         )
 

@@ -397,3 +397,6 @@ def test_an_unreadable_checkpoint_still_gets_the_rules_that_need_no_shape(tmp_pa
     assert "must divide each rank's 8 samples" in {p.key: p.message for p in bad}["optim.micro_batch_size"]
     bad = check_recipe(load_recipe("grpo_tiny_hf_cpu", [gone, "optim.lr=-1"]))
     assert {p.key for p in bad} == {"model.hf_checkpoint", "optim.lr"}
+    # PPO's critic at a layout that cannot split the ranks needs no shape to refuse either
+    bad = check_recipe(load_recipe("grpo_tiny_hf_cpu", [gone, "algorithm=ppo", "critic.tp=3"]))
+    assert "must divide the trainer's 2 ranks" in {p.key: p.message for p in bad}["critic.tp"]

@@ -67,6 +67,11 @@ def test_ppo_options_under_grpo_are_refused(overrides, key, says):
         (["critic.tp=3"], "critic.tp", "must divide the trainer's 2 ranks"),
         (["critic.pp=2"], "critic.pp", "critic.tp x critic.pp = 2 x 2 must divide the trainer's 2 ranks"),
         (
+            ["model.num_layers=3", "critic.tp=1", "critic.pp=2"],
+            "critic.pp",
+            "does not divide model.num_layers=3",
+        ),
+        (
             ["critic.tp=1", "algorithm.minibatches=64"],
             "critic.tp",
             "2 data-parallel ranks and a minibatch has 1 samples: each rank needs an equal share",
