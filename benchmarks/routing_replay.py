@@ -60,6 +60,7 @@ def _measure(args, tmp: Path) -> dict:
     from megatron_rl.models.spec import ModelSpec
     from megatron_rl.parallel.layout import ParallelLayout
     from megatron_rl.rollout.vllm_engine import VLLMEngine
+    from megatron_rl.trainer.gather import full_state
     from megatron_rl.trainer.hf_import import load_hf_into
     from megatron_rl.trainer.parallel import init_parallel
     from megatron_rl.trainer.policy import OptimSettings, Policy
@@ -81,7 +82,7 @@ def _measure(args, tmp: Path) -> dict:
         adv = [torch.randn(len(s) - 4, generator=g) for s in seqs]
         policy.train_step(seqs, [4] * 4, lambda lp, mb: (-(lp * mb.extras["adv"] * mb.loss_mask_BT).sum() / 100, {}),
                           extras={"adv": adv})  # fmt: skip
-    trained = write_hf(policy, tmp / "trained", source=str(fixture))
+    trained = write_hf(full_state(policy), policy.spec, tmp / "trained", source=str(fixture))
     cfg = rollout_cfg(max_new_tokens=args.new_tokens, temperature=1.0, logprobs_mode="raw_logprobs")
     engine = VLLMEngine(cfg, trained, tp=1, seed=0, load_format="auto", dtype=args.engine_dtype, max_model_len=256,
                         record_routes=True)  # fmt: skip

@@ -279,15 +279,14 @@ def _worst(parts: dict) -> float:
 
 def _critic_stages(inp: PlanInputs, layout: ParallelLayout, recompute: str) -> list[dict]:
     """The critic's bytes per GPU beside each of the policy's stages: stage i's at the trainer's layout; at its
-    own layout (critic.tp, critic.pp) the heaviest of its stages beside every one of them, since its stages
-    do not sit on the policy's."""
+    own layout (critic.tp, critic.pp) every part at its largest over its stages beside every one of them, since
+    its stages do not sit on the policy's."""
     own = critic_layout(inp, layout).with_(recompute=recompute)
     stages = _trained_stages(critic_view(inp), own, recompute, VALUE)
     if own.pp == layout.pp and own.tp == layout.tp:
         return stages
-    worst = max(
-        stages, key=lambda m: m["params"] + m["grads"] + m["optimizer"] + m["activations"] + m["output"]
-    )
+    # each part at its largest over the critic's stages (the moments add the parts separately)
+    worst = {k: max(m[k] for m in stages) for k in stages[0]}
     return [worst] * layout.pp
 
 

@@ -44,6 +44,12 @@ def structural_reason(inp: PlanInputs, layout: ParallelLayout) -> str | None:
         tp, pp = c.tp or layout.tp, c.pp or layout.pp
         if layout.trainer_world % (tp * pp):
             return f"critic.tp x critic.pp = {tp} x {pp} does not divide the trainer's {layout.trainer_world} ranks"
+        dp, per_minibatch = (
+            layout.trainer_world // (tp * pp) // layout.cp,
+            inp.work.samples // inp.work.minibatches,
+        )
+        if per_minibatch % dp:  # validate's rule (check/ppo.py critic_split_problems)
+            return f"the critic's DP{dp} does not split a minibatch of {per_minibatch:,} sequences evenly"
     per_minibatch = inp.work.samples // inp.work.minibatches
     mbs = inp.work.micro_batch_size
     if per_minibatch < layout.dp * mbs:

@@ -112,6 +112,7 @@ def copy_weights(src, dst, skip: tuple[str, ...] = ()) -> list[str]:
 
     mine = dict(dst.named_parameters_global())
     done: set[str] = set()
+    wrong: list[str] = []
     for name, full in full_tensors(src, everywhere=True):
         target = mine.get(name)
         if target is None or name in skip:
@@ -122,14 +123,16 @@ def copy_weights(src, dst, skip: tuple[str, ...] = ()) -> list[str]:
             rows[:n] = full[:n]
             full = rows
         shard = tp_shard(dst.spec, name, full, dst.state.tp, dst.state.tp_rank)
-        if tuple(shard.shape) != tuple(target.shape):
-            raise RuntimeError(
-                f"{name}: the source's shard for TP rank {dst.state.tp_rank} of {dst.state.tp} is "
-                f"{tuple(shard.shape)}, the model's {tuple(target.shape)}"
+        if tuple(shard.shape) != tuple(target.shape):  # raised after the loop: the other ranks are in it
+            wrong.append(
+                f"{name}: the source's shard is {tuple(shard.shape)}, the model's {tuple(target.shape)}"
             )
+            continue
         with torch.no_grad():
             target.copy_(shard)
         done.add(name)
+    if wrong:
+        raise RuntimeError(f"TP rank {dst.state.tp_rank} of {dst.state.tp}: {'; '.join(wrong[:3])}")
     left = sorted(set(mine) - done - set(skip))
     if left:  # a name the source does not have: the bodies differ (fail here, not with a half-copied model)
         raise RuntimeError(f"{len(left)} of the model's tensors have no source tensor: {left[:3]}")
