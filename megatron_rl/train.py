@@ -173,9 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             with log.phase("ref_logprobs"):
                 ref = scored(reference, samples, mine, temp, replay)
 
-        if (
-            critic is not None
-        ):  # PPO: the critic's values of this rank's samples (its own share at its own layout)
+        # PPO: the critic's values of this rank's samples (it scores its own share at a layout of its own)
+        if critic is not None:
             with log.phase("critic_values"):
                 values = ppo.critic_values(critic, samples, mine, procs.cpu_group)
 
@@ -262,9 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         halt = refusals.after_step(step, agreement["version"], agreement["problems"])
         metrics = step_metrics(samples, stats, agreement, train_metrics, publication, log, run.spec, exact)
         extra = {"sampling_rounds": rounds, "old_logprobs": source, "version_lag": lag}
-        if (
-            critic is not None
-        ):  # the value loss of whole minibatches, on every rank (every DP rank, every stage)
+        # PPO: the value loss of whole minibatches, on every rank (summed over the DP ranks and the stages)
+        if critic is not None:
             extra.update(ppo.critic_metrics(critic_outs, critic.batch_sum, critic.state.dp))
         extra.update(ppo_metrics, **ppo.model_score_metrics(samples))
         extra["rollout_wait_s"] = feed.take_wait()  # separated: the trainer idle, waiting on the engines
