@@ -62,11 +62,16 @@ def ppo(run) -> list[Problem]:
     return out
 
 
+def critic_sizes(run) -> tuple[int, int]:
+    """The critic's TP and PP: critic.tp and critic.pp, the trainer's where 0."""
+    c, lay = run.recipe.critic, run.layout
+    return c.tp or lay.tp, c.pp or lay.pp
+
+
 def critic_dp(run) -> int:
     """The critic's data-parallel size: the trainer's ranks over critic.tp x critic.pp (0 when they do not
-    divide them; critic_layout_problems says so)."""
-    c, lay = run.recipe.critic, run.layout
-    tp, pp = c.tp or lay.tp, c.pp or lay.pp
+    divide them; critic_split_problems says so)."""
+    (tp, pp), lay = critic_sizes(run), run.layout
     return 0 if lay.trainer_world % (tp * pp) else lay.trainer_world // (tp * pp) // lay.cp
 
 
@@ -76,7 +81,7 @@ def critic_split_problems(run) -> list[Problem]:
     critic DP rank gets an equal share of a minibatch, and its micro-batch size divides that share."""
     cfg, c, lay = run.recipe, run.recipe.critic, run.layout
     out: list[Problem] = []
-    tp, pp = c.tp or lay.tp, c.pp or lay.pp
+    tp, pp = critic_sizes(run)
     key = "critic.tp" if tp != lay.tp else "critic.pp"
     world = lay.trainer_world
     if world % (tp * pp):
@@ -109,7 +114,7 @@ def critic_layout_problems(run) -> list[Problem]:
     without context parallelism (the expert and context groups are the trainer's)."""
     c, lay = run.recipe.critic, run.layout
     out = critic_split_problems(run)
-    tp, pp = c.tp or lay.tp, c.pp or lay.pp
+    tp, pp = critic_sizes(run)
     if (tp, pp) == (lay.tp, lay.pp) or any(p.key in ("critic.tp", "critic.pp") for p in out):
         return out
     spec = run.critic_spec or run.spec
@@ -189,10 +194,9 @@ def side_model_problems(run, hf_dir: str, key: str) -> list[Problem]:
                                "token ids that mean other text; use a reward model trained on the policy's tokenizer"))  # fmt: skip
     if spec is not None:
         # the reward model runs at the trainer's layout; the critic at its own (critic.tp/pp, 0 = the trainer's)
-        c = run.recipe.critic if key == "critic.init" else None
-        tp = (c.tp if c else 0) or run.layout.tp
-        pp = (c.pp if c else 0) or run.layout.pp
-        at = "critic.tp" if c and c.tp else "layout.tp"
+        critic = key == "critic.init"
+        tp, pp = critic_sizes(run) if critic else (run.layout.tp, run.layout.pp)
+        at = "critic.tp" if critic and run.recipe.critic.tp else "layout.tp"
         for what, n in (
             ("num_attention_heads", spec.num_attention_heads),
             ("num_query_groups", spec.num_query_groups),
