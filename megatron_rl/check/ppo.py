@@ -71,8 +71,8 @@ def critic_sizes(run) -> tuple[int, int]:
 def critic_dp(run) -> int:
     """The critic's data-parallel size: the trainer's ranks over critic.tp x critic.pp (0 when they do not
     divide them; critic_split_problems says so)."""
-    (tp, pp), lay = critic_sizes(run), run.layout
-    return 0 if lay.trainer_world % (tp * pp) else lay.trainer_world // (tp * pp) // lay.cp
+    c = run.recipe.critic
+    return run.layout.model_dp(c.tp, c.pp)
 
 
 def critic_split_problems(run) -> list[Problem]:
@@ -83,14 +83,19 @@ def critic_split_problems(run) -> list[Problem]:
     out: list[Problem] = []
     tp, pp = critic_sizes(run)
     key = "critic.tp" if tp != lay.tp else "critic.pp"
-    world = lay.trainer_world
-    if world % (tp * pp):
+    own_layout = (tp, pp) != (lay.tp, lay.pp)
+    if own_layout and (lay.cp > 1 or lay.ep > 1):  # its own groups are built for neither (model_groups.py)
+        out.append(_problem(run, key, f"a critic at its own layout needs the trainer without context or expert "
+                            f"parallelism (layout.cp={lay.cp}, layout.ep={lay.ep}); use critic.tp=0 and "
+                            "critic.pp=0"))  # fmt: skip
+        return out
+    world, dp = lay.trainer_world, critic_dp(run)
+    if not dp:
         out.append(_problem(run, key, f"critic.tp x critic.pp = {tp} x {pp} must divide the trainer's {world} "
                             "ranks (the critic runs on them at its own layout)"))  # fmt: skip
         return out
-    dp = critic_dp(run)
     per_minibatch = cfg.data.prompts_per_step * cfg.rollout.samples_per_prompt // cfg.algorithm.minibatches
-    if (tp, pp) != (lay.tp, lay.pp) and (per_minibatch < dp or per_minibatch % dp):
+    if own_layout and (per_minibatch < dp or per_minibatch % dp):
         out.append(_problem(run, key, f"gives the critic {dp} data-parallel ranks and a minibatch has "
                             f"{per_minibatch} samples: each rank needs an equal share; make the minibatch a "
                             "multiple of it (data.prompts_per_step, rollout.samples_per_prompt, "
@@ -100,7 +105,6 @@ def critic_split_problems(run) -> list[Problem]:
     # size the trainer's rule already covers it
     mbs = c.micro_batch_size or cfg.optim.micro_batch_size
     per_rank = per_minibatch // max(dp, 1)
-    own_layout = (tp, pp) != (lay.tp, lay.pp)
     if (c.micro_batch_size or own_layout) and per_rank and per_rank % mbs:
         taken = "" if c.micro_batch_size else f" (0 takes optim.micro_batch_size={mbs}: set this key)"
         message = f"must divide each critic rank's {per_rank} samples of a minibatch{taken}"
@@ -111,18 +115,17 @@ def critic_split_problems(run) -> list[Problem]:
 def critic_layout_problems(run) -> list[Problem]:
     """critic.tp and critic.pp: a layout of the critic's own on the trainer's ranks (trainer/model_groups.py)
     must split the trainer's ranks and the critic's model, give every critic rank samples, and be dense
-    without context parallelism (the expert and context groups are the trainer's)."""
+    beside a trainer without context or expert parallelism (those groups are the trainer's alone)."""
     c, lay = run.recipe.critic, run.layout
     out = critic_split_problems(run)
     tp, pp = critic_sizes(run)
     if (tp, pp) == (lay.tp, lay.pp) or any(p.key in ("critic.tp", "critic.pp") for p in out):
         return out
     spec = run.critic_spec or run.spec
-    if lay.cp > 1 or lay.ep > 1 or spec.is_moe:
+    if spec.is_moe:
         key = "critic.tp" if tp != lay.tp else "critic.pp"
-        out.append(_problem(run, key, f"a critic at its own layout must be dense and the trainer without context "
-                            f"or expert parallelism (layout.cp={lay.cp}, layout.ep={lay.ep}, MoE={spec.is_moe}); "
-                            "use critic.tp=0 and critic.pp=0"))  # fmt: skip
+        out.append(_problem(run, key, "a critic at its own layout must be dense (its own groups have no expert "
+                            "parallelism): this critic is a mixture of experts; use critic.tp=0 and critic.pp=0"))  # fmt: skip
     # the model-shape rules of any trainer layout (parallel/rules.py), at the critic's, named by its keys
     for p in rules.trainer_problems(lay.for_model(c.tp, c.pp), spec):
         where = "critic.pp" if p.key.startswith("layout.pp") else "critic.tp"

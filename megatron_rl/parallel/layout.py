@@ -113,6 +113,14 @@ class ParallelLayout:
     def with_(self, **kw) -> ParallelLayout:
         return replace(self, **kw)
 
+    def model_dp(self, tp: int = 0, pp: int = 0) -> int:
+        """A second model's DP on these trainer ranks at tp x pp (0 = this layout's): the ranks over TP x PP,
+        over CP, or 0 when TP x PP does not divide them (`for_model`, validate and the planner's search read
+        it)."""
+        tp, pp = tp or self.tp, pp or self.pp
+        world = self.trainer_world
+        return 0 if world % (tp * pp) else world // (tp * pp) // self.cp
+
     def for_model(self, tp: int = 0, pp: int = 0) -> ParallelLayout:
         """A second model's layout on the same trainer ranks (PPO's critic: critic.tp, critic.pp; 0 = this
         layout's): DP = the ranks over TP x PP, the trainer's layer split at the trainer's PP (an even one at
@@ -120,14 +128,16 @@ class ParallelLayout:
         tp, pp = tp or self.tp, pp or self.pp
         if (tp, pp) == (self.tp, self.pp):
             return self
-        world = self.trainer_world
-        if world % (tp * pp):
-            raise ValueError(f"tp x pp = {tp} x {pp} does not divide the trainer's {world} ranks")
+        dp = self.model_dp(tp, pp)
+        if not dp:
+            raise ValueError(
+                f"tp x pp = {tp} x {pp} does not divide the trainer's {self.trainer_world} ranks"
+            )
         return replace(
             self,
             tp=tp,
             pp=pp,
-            dp=world // (tp * pp) // self.cp,
+            dp=dp,
             pp_layers=self.pp_layers if pp == self.pp else (),  # the trainer's split while the stages are its
             sequence_parallel=self.sequence_parallel and tp > 1,
         )

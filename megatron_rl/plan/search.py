@@ -41,13 +41,10 @@ def structural_reason(inp: PlanInputs, layout: ParallelLayout) -> str | None:
         return str(problems[0])
     c = inp.critic
     if c is not None and (c.tp or c.pp):  # a critic at its own TP x PP must split these trainer ranks too
-        tp, pp = c.tp or layout.tp, c.pp or layout.pp
-        if layout.trainer_world % (tp * pp):
+        tp, pp, dp = c.tp or layout.tp, c.pp or layout.pp, layout.model_dp(c.tp, c.pp)
+        if not dp:
             return f"critic.tp x critic.pp = {tp} x {pp} does not divide the trainer's {layout.trainer_world} ranks"
-        dp, per_minibatch = (
-            layout.trainer_world // (tp * pp) // layout.cp,
-            inp.work.samples // inp.work.minibatches,
-        )
+        per_minibatch = inp.work.samples // inp.work.minibatches
         if per_minibatch % dp:  # validate's rule (check/ppo.py critic_split_problems)
             return f"the critic's DP{dp} does not split a minibatch of {per_minibatch:,} sequences evenly"
     per_minibatch = inp.work.samples // inp.work.minibatches

@@ -72,6 +72,12 @@ def test_ppo_options_under_grpo_are_refused(overrides, key, says):
             "does not divide model.num_layers=3",
         ),
         (
+            ["critic.tp=1", "critic.micro_batch_size=1", "data.prompts_per_step=15"],
+            "critic.tp",
+            "2 data-parallel ranks and a minibatch has 15 samples: each rank needs an equal share",
+        ),
+        (["layout.tp=1", "layout.cp=2", "critic.pp=2"], "critic.pp", "without context or expert parallelism"),
+        (
             ["critic.tp=1", "algorithm.minibatches=64"],
             "critic.tp",
             "2 data-parallel ranks and a minibatch has 1 samples: each rank needs an equal share",

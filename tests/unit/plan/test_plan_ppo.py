@@ -104,6 +104,17 @@ def test_a_critic_at_its_own_layout_is_counted_at_it():
     assert own["train_fwd_bwd"] == pytest.approx(shared["train_fwd_bwd"])  # the policy's own are unchanged
 
 
+def test_the_search_rejects_a_layout_the_critic_cannot_split():
+    """critic.tp=3 divides none of the 128 ranks: every candidate is refused for it, by name, before memory
+    is counted; critic.pp=2 splits them (DP8 over a 256-sequence minibatch), so the recipe's layout passes."""
+    from megatron_rl.plan.search import structural_reason
+
+    _, bad, lay = _plan(overrides=["critic.tp=3"])
+    assert "critic.tp x critic.pp = 3 x 4 does not divide the trainer's 128 ranks" in structural_reason(bad, lay)
+    _, ok, lay = _plan(overrides=["critic.pp=2"])
+    assert structural_reason(ok, lay) is None
+
+
 def test_the_frozen_models_hold_two_bytes_per_parameter(ppo):
     run, inp, lay = ppo
     by = trainer_memory(inp, lay)["by_model"]
