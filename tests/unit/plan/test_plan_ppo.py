@@ -110,7 +110,8 @@ def test_the_search_rejects_a_layout_the_critic_cannot_split():
     from megatron_rl.plan.search import structural_reason
 
     _, bad, lay = _plan(overrides=["critic.tp=3"])
-    assert "critic.tp x critic.pp = 3 x 4 does not divide the trainer's 128 ranks" in structural_reason(bad, lay)
+    reason = structural_reason(bad, lay)
+    assert "critic.tp x critic.pp = 3 x 4 does not divide the trainer's 128 ranks" in reason
     _, ok, lay = _plan(overrides=["critic.pp=2"])
     assert structural_reason(ok, lay) is None
 
