@@ -261,9 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         halt = refusals.after_step(step, agreement["version"], agreement["problems"])
         metrics = step_metrics(samples, stats, agreement, train_metrics, publication, log, run.spec, exact)
         extra = {"sampling_rounds": rounds, "old_logprobs": source, "version_lag": lag}
-        # PPO: the value loss of whole minibatches, on every rank (summed over the DP ranks and the stages)
+        # PPO: the critic's value loss and clip fraction, of whole minibatches as the policy's train metrics
         if critic is not None:
-            extra.update(ppo.critic_metrics(critic_outs, critic.batch_sum, critic.state.dp))
+            extra.update(ppo.critic_metrics(critic_outs))
         extra.update(ppo_metrics, **ppo.model_score_metrics(samples))
         extra["rollout_wait_s"] = feed.take_wait()  # separated: the trainer idle, waiting on the engines
         log.record(step + 1, {**metrics, **extra}, samples, task)  # and a few samples to read (samples.jsonl)

@@ -336,25 +336,24 @@ class Policy:
                 found[i] = float(values[b, 0])
         return found
 
-    def batch_sum(self, values: list[float]) -> list[float]:
-        """Each number summed over this model's data-parallel ranks and then its pipeline stages (its own
-        groups at a layout of its own), on every rank: a loss normalised by the global count is the whole
-        batch's once its DP ranks' parts are added, and only the last stage computed it (the others give 0).
-        Collective over the DP and PP groups."""
-        if self.state.dp == 1 and self.state.pp == 1:
-            return [float(v) for v in values]
-        if self.state.groups is not None:
-            dp_group, pp_group = self.state.groups.dp, self.state.groups.pp
-        else:
-            from megatron.core import parallel_state as ps
+    def _whole_minibatch(self, outs: list[dict]) -> dict[str, float]:
+        """The loss function's metrics of the whole minibatch, the same on every rank (`_combine`'s rules).
 
-            dp_group, pp_group = ps.get_data_parallel_group(), ps.get_pipeline_model_parallel_group()
-        t = torch.tensor(values, dtype=torch.float64, device=self.state.device)  # device groups on GPU
-        if self.state.dp > 1:
-            dist.all_reduce(t, group=dp_group)
-        if self.state.pp > 1:
-            dist.all_reduce(t, group=pp_group)
-        return t.cpu().tolist()
+        Each rank's microbatches hold its DP share only, and only on the last pipeline stage (the schedule
+        returns nothing elsewhere); the step record is written by rank 0, on the first stage. So one rank per
+        DP share (the last stage's TP rank 0: its TP peers computed the same numbers) gives its microbatches'
+        numbers, gathered over the host group, and all of them combine as one rank's microbatches do: a loss
+        normalised by the global count adds up to the minibatch's, means weigh by tokens over every share.
+        Collective over every rank (an object gather of a few floats per microbatch)."""
+        mine = [{k: float(v.float().reshape(())) for k, v in o.items()} for o in outs]
+        world = dist.get_world_size(self.state.cpu_group)
+        if world == 1:
+            return _combine(mine)
+        coord = self.state.coord
+        speaks = self.state.is_last_stage and coord.tp == 0 and coord.cp == 0
+        parts: list = [None] * world
+        dist.all_gather_object(parts, mine if speaks else None, group=self.state.cpu_group)
+        return _combine([o for part in parts if part for o in part])
 
     def _require(self, head: str, what: str) -> None:
         if self.head != head:
@@ -487,7 +486,7 @@ class Policy:
         metrics: dict[str, float] = {"grad_norm": float(grad_norm) if grad_norm is not None else float("nan")}
         metrics["update_successful"] = float(bool(ok))
         metrics["lr"] = float(lr) if lr is not None else float("nan")
-        metrics.update(_combine(outs))
+        metrics.update(self._whole_minibatch(outs))
         if not return_logprobs:
             return metrics
         values = self._broadcast_from_last_stage(forward_lp if self.state.is_last_stage else None, mbs)
@@ -521,24 +520,26 @@ def lr_scheduler(optimizer, o: OptimSettings):
     )
 
 
-_SUMMED = {"loss", "pg_loss", "tokens"}
+_SUMMED = {"loss", "pg_loss", "value_loss", "tokens"}
 
 
-def _combine(outs: list[dict]) -> dict[str, float]:
-    """Microbatch metrics -> one value each: losses (already globally normalised) and token counts
-    add up; *_max keys take the max; the rest are token-weighted means when `tokens` is reported."""
+def _combine(outs: list[dict[str, float]]) -> dict[str, float]:
+    """Microbatch metrics (of one rank or of every DP share's) -> one value each: losses (already globally
+    normalised) and token counts add up; *_max keys take the max; the rest are token-weighted means when
+    `tokens` is reported, plain means otherwise."""
     if not outs:
         return {}
-    vals = {k: torch.stack([o[k].float().reshape(()) for o in outs]) for k in outs[0]}
-    w = vals.get("tokens")
+    keys = [k for k in outs[0] if all(k in o for o in outs)]
+    w = [o["tokens"] for o in outs] if "tokens" in keys else None
     out = {}
-    for k, v in vals.items():
+    for k in keys:
+        v = [o[k] for o in outs]
         if k in _SUMMED:
-            out[k] = float(v.sum())
+            out[k] = sum(v)
         elif k.endswith("_max"):
-            out[k] = float(v.max())
-        elif w is not None and float(w.sum()) > 0:
-            out[k] = float((v * w).sum() / w.sum())
+            out[k] = max(v)
+        elif w is not None and sum(w) > 0:
+            out[k] = sum(x * t for x, t in zip(v, w)) / sum(w)
         else:
-            out[k] = float(v.mean())
+            out[k] = sum(v) / len(v)
     return out

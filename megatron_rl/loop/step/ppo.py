@@ -171,27 +171,20 @@ def value_loss_fn(algo, max_new_tokens: int, normaliser: float):
     return loss_fn
 
 
-def critic_metrics(outs: list[dict], batch_sum=None, dp: int = 1) -> dict[str, float]:
-    """The critic's update metrics over the step's minibatches, as step record keys, the same on every rank:
-    value_loss (the mean over its optimizer steps of the minibatch's loss: each DP rank's part, normalised by
-    the minibatch's global count, summed over the critic's DP ranks), value_clip_fraction (the mean over
-    its DP ranks), critic_grad_norm and critic_lr. Only the last pipeline stage computes the loss and the clip
-    fraction (the others count 0); `batch_sum` (`Policy.batch_sum`) adds them over the DP ranks and the
-    stages, `dp` the critic's DP size. None: one rank, one stage."""
+def critic_metrics(outs: list[dict]) -> dict[str, float]:
+    """The critic's update metrics over the step's minibatches, as step record keys: value_loss (the mean
+    over its optimizer steps of the minibatch's loss), value_clip_fraction, critic_grad_norm and critic_lr.
+    Each optimizer step's numbers are already its whole minibatch's, on every rank, every DP share and
+    pipeline stage included (`Policy.train_step`)."""
     if not outs:
         return {}
 
     def mean(values: list[float]) -> float:
         return sum(values) / len(values) if values else float("nan")
 
-    losses = [o.get("loss", 0.0) for o in outs]
-    clipped = [o.get("value_clip_fraction", 0.0) for o in outs]
-    if batch_sum is not None:
-        summed = batch_sum(losses + clipped)
-        losses, clipped = summed[: len(outs)], [c / dp for c in summed[len(outs) :]]
     return {
-        "value_loss": mean(losses),
-        "value_clip_fraction": mean(clipped),
+        "value_loss": mean([o["loss"] for o in outs if "loss" in o]),
+        "value_clip_fraction": mean([o.get("value_clip_fraction", 0.0) for o in outs]),
         "critic_grad_norm": mean([o["grad_norm"] for o in outs if "grad_norm" in o]),
         "critic_lr": outs[-1].get("lr", float("nan")),
     }

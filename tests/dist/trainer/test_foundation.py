@@ -165,7 +165,8 @@ def _adamw_reference(ckpt, seqs, prompt_lens):
 def _adamw_step(model, loss):
     """Backward of `loss`, global-norm clipping and one torch AdamW step with the trainer's OPTIM; returns
     the tensors under their names on disk, by HF's own saving (in memory an MoE's experts are fused per
-    layer, gate_up_proj [E, 2I, H]; on disk they are one tensor per expert and projection), and the norm."""
+    layer, gate_up_proj [E, 2I, H]; on disk they are one tensor per expert and projection), the norm and the
+    loss (the whole batch's)."""
     loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), OPTIM["clip_grad"])
     opt = torch.optim.AdamW(
@@ -178,7 +179,7 @@ def _adamw_step(model, loss):
     opt.step()
     with tempfile.TemporaryDirectory() as d:
         model.save_pretrained(d, safe_serialization=True)
-        return load_file(f"{d}/model.safetensors"), float(gnorm)
+        return load_file(f"{d}/model.safetensors"), float(gnorm), float(loss.detach())
 
 
 TRAINED = [(QWEN2_TINY, f"tp{tp}pp{pp}") for tp, pp in TRAIN_CASES]
@@ -192,7 +193,7 @@ def test_one_optimizer_step_equals_adamw_reference(run, trained):
     out, ckpts, _ = run
     spec, tag = trained
     seqs, prompt_lens = batch()
-    ref, ref_gnorm = _adamw_reference(ckpts / spec.name, seqs, prompt_lens)
+    ref, ref_gnorm, ref_loss = _adamw_reference(ckpts / spec.name, seqs, prompt_lens)
     before = load_file(ckpts / spec.name / "model.safetensors")
     full = torch.load(out / f"params_{tag}.pt")
     got = {}
@@ -209,6 +210,8 @@ def test_one_optimizer_step_equals_adamw_reference(run, trained):
     assert moved > 1e-3, "the reference step must move the weights for the check to mean anything"
     assert err <= 1e-5, f"max |param - AdamW reference| = {err:.2e} (step moved params by up to {moved:.2e})"
     assert metrics["grad_norm"] == pytest.approx(ref_gnorm, rel=1e-4)
+    # rank 0 wrote them: the whole batch's loss, every DP share's part added, on the first stage with PP2 too
+    assert metrics["loss"] == pytest.approx(ref_loss, rel=1e-5), (metrics.get("loss"), ref_loss)
 
 
 @pytest.mark.parametrize("trained", TRAINED, ids=lambda c: c[1])
@@ -336,7 +339,7 @@ def test_value_step_equals_adamw_reference(run, trained):
     spec = SPECS[VALUE_TRAIN_SPEC]
     tag = value_case_name(VALUE_TRAIN_SPEC, *trained)
     ckpt = ckpts / reward_checkpoint(VALUE_TRAIN_SPEC)
-    ref, ref_gnorm = _value_adamw_reference(ckpt)
+    ref, ref_gnorm, ref_loss = _value_adamw_reference(ckpt)
     before = load_file(ckpt / "model.safetensors")
     full = torch.load(out / f"value_params_{tag}.pt")
     # The head is read below, rank by rank: the export's gather takes `output_layer.weight` for the
@@ -363,6 +366,7 @@ def test_value_step_equals_adamw_reference(run, trained):
     assert moved > 1e-3 and moved_head > 1e-3, "the reference step must move the weights, head included"
     assert err <= 1e-5, f"max |param - AdamW reference| = {err:.2e} (step moved params by up to {moved:.2e})"
     assert metrics["grad_norm"] == pytest.approx(ref_gnorm, rel=1e-4)
+    assert metrics["loss"] == pytest.approx(ref_loss, rel=1e-5), (metrics.get("loss"), ref_loss)
 
 
 def test_reward_model_without_score_refused(run):

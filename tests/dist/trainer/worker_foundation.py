@@ -102,7 +102,7 @@ def main() -> None:
             torch.save(full, OUT / f"params_{tag}.pt")
             # The update's own forward (algorithm.old_logprobs=auto) against separate passes around it.
             torch.save({"before": before, "forward": forward, "after": after}, OUT / f"forward_{tag}.pt")
-        if rank == dist.get_world_size() - 1:
+            # rank 0 writes the run's records: with PP2 it is on the first stage, which computed no loss
             (OUT / f"metrics_{tag}.json").write_text(json.dumps(metrics))
 
     # Malformed checkpoints: refused, naming the tensor, with the model untouched.
@@ -303,7 +303,6 @@ def _value_case(rank, st, spec_name, seqs, prompt_lens, global_tokens, own: bool
         full = full_state(vm)
         if rank == 0:
             torch.save(full, OUT / f"value_params_{tag}.pt")
-        if rank == dist.get_world_size() - 1:
             (OUT / f"value_metrics_{tag}.json").write_text(json.dumps(metrics))
         # Every last-stage rank's copy of the head: replicated over TP and DP, after the step too.
         head = dict(vm.named_parameters_global()).get(HEAD_PARAM)

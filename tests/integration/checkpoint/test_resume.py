@@ -10,6 +10,7 @@
 """
 
 import json
+import math
 import os
 import random
 import time
@@ -112,6 +113,10 @@ def test_save_at_tp2_resume_at_tp1_pp2(runs):
     assert len(_wandb_ids(tmp, "C")) == 1 and _wandb_ids(tmp, "C") != _wandb_ids(tmp, "A")
     assert recs[0]["logprob_agreement"]["max_abs_diff"] < 1e-3
     assert recs[0]["version"] == 2 * N + 1
+    # rank 0, on the first of two stages, computed no loss: the record has the last stage's, all of it
+    train = recs[0]["train"]
+    assert {"loss", "pg_loss", "clip_fraction", "ratio_mean", "grad_norm", "lr"} <= set(train), train
+    assert all(math.isfinite(v) for v in train.values()), train
 
 
 def test_export_hf_gives_trainer_logits_at_both_layouts(runs):

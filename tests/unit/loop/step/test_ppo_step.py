@@ -101,15 +101,9 @@ def test_the_value_loss_fn_reads_the_minibatch_extras():
     assert ppo.critic_metrics(outs) == {
         "value_loss": 2.0, "value_clip_fraction": 0.0, "critic_grad_norm": 3.0, "critic_lr": 2e-3,
     }  # fmt: skip
-    # over two critic DP ranks each optimizer step's loss is the sum of the ranks' parts, the clip fraction
-    # their mean; a stage before the last has neither (it counts 0, the last stage's arrive by the sum)
-    outs = [{**o, "value_clip_fraction": 0.25} for o in outs]
-    twice = ppo.critic_metrics(outs, batch_sum=lambda v: [2 * x for x in v], dp=2)
-    assert twice["value_loss"] == 4.0 and twice["value_clip_fraction"] == 0.25
-    first_stage = [{"grad_norm": 2.0, "lr": 1e-3}]
-    assert ppo.critic_metrics(first_stage, batch_sum=lambda v: [v[0] + 1.5, v[1] + 0.5], dp=1) == {
-        "value_loss": 1.5, "value_clip_fraction": 0.5, "critic_grad_norm": 2.0, "critic_lr": 1e-3,
-    }  # fmt: skip
+    outs = [{**o, "value_clip_fraction": f} for o, f in zip(outs, (0.25, 0.75))]
+    assert ppo.critic_metrics(outs)["value_clip_fraction"] == 0.5
+    assert ppo.critic_metrics([]) == {}
 
 
 def test_a_rank_without_samples_is_refused():
