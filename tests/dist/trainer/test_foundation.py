@@ -417,6 +417,13 @@ def test_critic_from_policy_at_another_layout_copies_every_weight(run):
         else:
             assert torch.equal(a, b), name
     assert not copy[HEAD_PARAM].any(), "the value head must start at zero"
+    # a body of twice the FFN width: every rank refused (none hung in the copy's collective loop), naming
+    # a tensor and both shapes
+    ffn, h = spec.ffn_hidden_size, spec.hidden_size  # fc1 holds gate and up: 2 x FFN rows over TP2
+    for rank, said in enumerate(r["wider"]):
+        assert said is not None and said.startswith(f"TP rank {rank % 2} of 2: decoder.layers."), r["wider"]
+        assert f"linear_fc1.weight: the source's shard is ({ffn}, {h}), the model's ({2 * ffn}, {h})" in said
+        assert f"linear_fc2.weight: the source's shard is ({h}, {ffn // 2}), the model's ({h}, {ffn})" in said
 
 
 def test_weights_written_after_the_optimizer_survive_its_first_step_in_bf16(run):

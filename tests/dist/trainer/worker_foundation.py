@@ -235,8 +235,21 @@ def own_layout_value_models(rank: int) -> None:
     dist.all_gather_object(copied, copy_weights(policy, critic, skip=(HEAD_PARAM,)), group=trainer.cpu_group)
     copied = sorted({n for names in copied for n in names})
     source, copy = full_state(policy), full_state(critic)
+    # Into a body of another FFN width: every rank raises, after the collective loop (none is left in it)
+    from dataclasses import replace
+
+    wider = Policy(replace(spec, ffn_hidden_size=2 * spec.ffn_hidden_size), st, head="value")
+    try:
+        copy_weights(policy, wider, skip=(HEAD_PARAM,))
+        refused = None
+    except RuntimeError as e:
+        refused = str(e)
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, refused, group=trainer.cpu_group)
     if rank == 0:
-        torch.save({"source": source, "copy": copy, "copied": copied}, OUT / "critic_from_policy.pt")
+        torch.save(
+            {"source": source, "copy": copy, "copied": copied, "wider": every}, OUT / "critic_from_policy.pt"
+        )
 
 
 def bf16_weights_survive_the_first_step(rank: int) -> None:
