@@ -345,7 +345,11 @@ class Policy:
         numbers, gathered over the host group, and all of them combine as one rank's microbatches do: a loss
         normalised by the global count adds up to the minibatch's, means weigh by tokens over every share.
         Collective over every rank (an object gather of a few floats per microbatch)."""
-        mine = [{k: float(v.float().reshape(())) for k, v in o.items()} for o in outs]
+        mine: list[dict[str, float]] = []  # a stage before the last has no microbatch outputs
+        if outs:  # one copy to the host for all the numbers (on a GPU, one synchronisation, not one each)
+            keys = list(outs[0])
+            rows = torch.stack([torch.stack([o[k].float().reshape(()) for k in keys]) for o in outs])
+            mine = [dict(zip(keys, row)) for row in rows.tolist()]
         world = dist.get_world_size(self.state.cpu_group)
         if world == 1:
             return _combine(mine)
