@@ -12,6 +12,7 @@ its score head. Last, the problem set read by job rank 0 and shared (components.
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -236,8 +237,6 @@ def own_layout_value_models(rank: int) -> None:
     copied = sorted({n for names in copied for n in names})
     source, copy = full_state(policy), full_state(critic)
     # Into a body of another FFN width: every rank raises, after the collective loop (none is left in it)
-    from dataclasses import replace
-
     wider = Policy(replace(spec, ffn_hidden_size=2 * spec.ffn_hidden_size), st, head="value")
     try:
         copy_weights(policy, wider, skip=(HEAD_PARAM,))
@@ -258,8 +257,6 @@ def bf16_weights_survive_the_first_step(rank: int) -> None:
     built; without `Policy.weights_written` its first step puts that copy back. Through the run's own
     builders (trainer/build.py): the policy from an HF checkpoint, the critic copied from it at TP1 x DP4;
     and, as the control, the same copy without the refresh."""
-    from dataclasses import replace
-
     from megatron_rl.config.load import load_recipe
     from megatron_rl.run import resolve
     from megatron_rl.trainer.build import build_critic, build_policy
