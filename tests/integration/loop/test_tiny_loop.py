@@ -72,10 +72,12 @@ def test_rewards_kl_and_throughput_are_recorded(tiny_run):
         assert sum(r["reward"]["statuses"].values()) == 16
         assert r["train"]["kl"] >= 0 and math.isfinite(r["train"]["grad_norm"])
         assert r["throughput"]["generated_tokens_per_s"] > 0
-        # the pool's whole time after generation holds the part the step waited (the scoring phase)
-        sc = r["scoring"]
+        # the pool's whole time after generation holds the part the step waited (the scoring phase): the
+        # record's rank 0 measured both; the phase's `seconds` is the slowest rank's, which may wait longer
+        sc, phase = r["scoring"], r["phases"]["scoring"]
         assert sc["after_generation_s"] >= sc["exposed_s"] >= 0 and sc["busy_s"] > 0
-        assert sc["exposed_s"] == pytest.approx(r["phases"]["scoring"]["seconds"], abs=0.01)
+        assert sc["exposed_s"] == pytest.approx(phase["seconds_by_rank"][0], abs=0.01)
+        assert sc["exposed_s"] <= phase["seconds"] + 0.01
 
 
 def test_wandb_offline_run_holds_the_metrics(tiny_run):
